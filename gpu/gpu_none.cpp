@@ -1,0 +1,15 @@
+// Build without CUDA/HIP: no GPU system, so GPU routes answer CHI_ERR_NO_DEVICE.
+#include "api/error.h"
+#include "core/gpu_system.h"
+
+namespace chi {
+
+chi_status_t create_gpu_system(Runtime &, const Config &cfg, std::unique_ptr<GpuSystem> *out) {
+  out->reset();
+  if (cfg.gpu.devices > 0)
+    return set_error(CHI_ERR_NO_DEVICE, "%d GPU(s) requested but chimaera was built without CUDA/HIP",
+                     cfg.gpu.devices);
+  return CHI_OK;
+}
+
+}  // namespace chi

@@ -1,0 +1,352 @@
+/*
+ * chimaera.h -- host C API of the chimaera task runtime.
+ *
+ * chimaera runs small tasks on CPU worker threads and on a persistent GPU
+ * kernel (the orchestrator).  Host code and GPU kernels submit tasks to each
+ * other through lock-free queues; every call answers with a chi_status_t and,
+ * on failure, a thread-local message (chi_last_error_message).
+ *
+ * This header is plain C99 and includes no CUDA/HIP header.  Device code uses
+ * chimaera_device.h.  Every function is thread-safe on one runtime unless its
+ * documentation says otherwise.  Status values are frozen once released.
+ */
+#ifndef CHIMAERA_H
+#define CHIMAERA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "chimaera/config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define CHI_API
+#elif defined(CHI_BUILDING_LIBRARY)
+#define CHI_API __attribute__((visibility("default")))
+#else
+#define CHI_API
+#endif
+
+/* ---------------------------------------------------------------- versions */
+
+#define CHI_VERSION_MAJOR 0
+#define CHI_VERSION_MINOR 1
+#define CHI_VERSION_PATCH 0
+/* MAJOR * 10000 + MINOR * 100 + PATCH, comparable with chi_version(). */
+#define CHI_VERSION_NUMBER \
+  (CHI_VERSION_MAJOR * 10000 + CHI_VERSION_MINOR * 100 + CHI_VERSION_PATCH)
+
+/* Version of the library actually loaded, as CHI_VERSION_NUMBER.
+ * Thread safety: safe from any thread, no runtime needed. */
+CHI_API uint32_t chi_version(void);
+
+/* The loaded library's version as "MAJOR.MINOR.PATCH" (static storage).
+ * Thread safety: safe from any thread. */
+CHI_API const char *chi_version_string(void);
+
+/* ------------------------------------------------------------------ types */
+
+typedef int32_t chi_status_t;  /* 0 = CHI_OK, errors < 0                     */
+typedef uint64_t chi_future_t; /* 0 is never a valid future                  */
+typedef uint32_t chi_method_t; /* 0 is never a valid method                  */
+typedef int32_t chi_route_t;   /* >= 0: that GPU                             */
+
+#define CHI_ROUTE_CPU (-1)     /* a CPU worker; from device code: GPU->CPU    */
+#define CHI_ROUTE_GPU_ANY (-2) /* any GPU orchestrator the runtime picks      */
+#define CHI_ROUTE_LOCAL (-3)   /* where the caller runs: a CPU worker from host
+                                  code, the caller's own GPU from a kernel     */
+/* GPU number n as a route.  Bindings may simply pass n (routes >= 0). */
+#define CHI_ROUTE_GPU(n) ((chi_route_t)(n))
+
+#define CHI_MODE_EMBEDDED 0 /* the runtime lives in this process            */
+#define CHI_MODE_CLIENT 1   /* connect to a chimaera-server (later release) */
+
+/* Built-in methods, registered first by every runtime with these fixed ids,
+ * served by the CPU workers and by every GPU orchestrator.
+ *   chi.echo      output = input
+ *   chi.add       input: two little-endian uint64; output: their uint64 sum
+ *   chi.checksum  output: 64-bit FNV-1a of the input bytes (uint64)        */
+#define CHI_METHOD_ECHO ((chi_method_t)1)
+#define CHI_METHOD_ADD ((chi_method_t)2)
+#define CHI_METHOD_CHECKSUM ((chi_method_t)3)
+
+/* ---------------------------------------------------------------- statuses */
+
+#define CHI_OK 0
+#define CHI_ERR_INVALID (-1)       /* bad argument, stale/unknown future      */
+#define CHI_ERR_NOMEM (-2)         /* allocation failed                       */
+#define CHI_ERR_TIMEOUT (-3)       /* wait timed out; the future stays valid  */
+#define CHI_ERR_AGAIN (-4)         /* queue or slots full; try again          */
+#define CHI_ERR_NOT_FOUND (-5)     /* unknown method or name                  */
+#define CHI_ERR_NO_DEVICE (-6)     /* GPU route but no usable GPU             */
+#define CHI_ERR_DISCONNECTED (-7)  /* server gone                             */
+#define CHI_ERR_PROTOCOL (-8)      /* malformed message, version skew         */
+#define CHI_ERR_TOO_LARGE (-9)     /* payload over the limit, or output buffer
+                                      too small (see chi_wait)                */
+#define CHI_ERR_CONFIG (-10)       /* bad configuration file or value         */
+#define CHI_ERR_PERMISSION (-11)   /* not allowed                             */
+#define CHI_ERR_SHUTDOWN (-12)     /* runtime is finalizing                   */
+#define CHI_ERR_INTERNAL (-13)     /* a bug or broken invariant in chimaera   */
+/* Handlers may return their own codes at or below this value; chi_wait passes
+ * them through unchanged. */
+#define CHI_ERR_USER_BASE (-1000)
+
+/* Static English text for a status, never NULL ("unknown status" for values
+ * chimaera does not define; "handler-defined error" for codes <= -1000).
+ * Thread safety: safe from any thread. */
+CHI_API const char *chi_status_string(chi_status_t status);
+
+/* Detail of the calling thread's most recent failed chi_* call (for example
+ * "config.yaml:3:5: unknown key 'wrokers'").  Empty string, never NULL, when
+ * nothing failed yet.  The pointer stays valid until this thread's next chi_*
+ * call.  Thread safety: thread-local. */
+CHI_API const char *chi_last_error_message(void);
+
+/* ----------------------------------------------------------- configuration */
+
+typedef struct chi_runtime chi_runtime_t; /* opaque */
+
+/* Options for chi_init.  Size-prefixed: always fill it with chi_config_init,
+ * then change fields.  Fields are only appended in later versions. */
+typedef struct chi_config {
+  size_t struct_size;         /* set by chi_config_init                        */
+  const char *config_path;    /* YAML file; NULL: $CHI_CONFIG, else defaults   */
+  int32_t mode;               /* CHI_MODE_EMBEDDED (default) or CHI_MODE_CLIENT */
+  const char *server_address; /* client mode: "shm://NAME", "ipc://PATH",
+                                 "tcp://HOST:PORT"; NULL: from config/env    */
+  int32_t num_workers;        /* CPU worker threads; 0: from config/default   */
+  int32_t gpus;               /* -1: all visible GPUs (default), 0: none       */
+} chi_config_t;
+
+/* Fills *cfg with defaults and sets struct_size.  NULL is ignored.
+ * Thread safety: safe from any thread. */
+CHI_API void chi_config_init(chi_config_t *cfg);
+
+/* Starts a runtime.
+ *   cfg  [in]  options, or NULL for defaults; read only during the call.
+ *   rt   [out] the new runtime; set to NULL on failure.
+ * Settings are taken, lowest to highest priority, from built-in defaults, the
+ * YAML file (cfg->config_path, else $CHI_CONFIG), CHI_* environment variables
+ * and non-default fields of *cfg.  Built-in methods are registered and the
+ * worker threads started before it returns.
+ * Returns CHI_OK, CHI_ERR_INVALID (NULL rt, bad struct_size or field),
+ * CHI_ERR_CONFIG (file unreadable, unknown key, wrong type, out of range: the
+ * message names file:line:column), CHI_ERR_NOMEM, CHI_ERR_NO_DEVICE (cfg->gpus
+ * > 0 but fewer GPUs usable), CHI_ERR_DISCONNECTED (client mode, no server),
+ * CHI_ERR_INTERNAL.
+ * Ownership: the caller owns *rt and releases it with chi_finalize.
+ * Thread safety: safe; each call makes an independent runtime. */
+CHI_API chi_status_t chi_init(const chi_config_t *cfg, chi_runtime_t **rt);
+
+/* Stops a runtime: refuses new submissions (CHI_ERR_SHUTDOWN), runs every task
+ * already queued to completion, stops GPU orchestrators, joins all threads and
+ * frees everything, outstanding futures included.  NULL is a no-op (CHI_OK).
+ * Thread safety: not concurrent with any other call on the same runtime, and
+ * never from one of its handlers (CHI_ERR_INVALID). */
+CHI_API chi_status_t chi_finalize(chi_runtime_t *rt);
+
+/* ----------------------------------------------------------------- methods */
+
+/* A task as its handler sees it.  input points to input_size bytes valid for
+ * the duration of the call; the handler writes at most output_capacity bytes
+ * to output and sets output_size. */
+typedef struct chi_request {
+  chi_method_t method;
+  chi_route_t source; /* CHI_ROUTE_CPU for host callers, the GPU id for kernels */
+  const void *input;
+  size_t input_size;
+  void *output;
+  size_t output_capacity;
+  size_t output_size; /* set by the handler (0 on entry) */
+} chi_request_t;
+
+/* A CPU handler.  Returns CHI_OK, or any negative status (its own codes <=
+ * CHI_ERR_USER_BASE), which the waiter receives unchanged.  It may call
+ * chi_submit and chi_wait on the same runtime (see docs/threading.md for the
+ * rules that keep the pool from deadlocking). */
+typedef chi_status_t (*chi_handler_t)(chi_request_t *req, void *user_data);
+
+/* Registers a CPU handler under a unique name.
+ *   name      [in]  1..127 bytes of printable ASCII, copied.
+ *   fn        [in]  the handler; must not be NULL.
+ *   user_data [in]  passed to every call of fn; not owned by the runtime.
+ *   method    [out] the method id, fixed for the runtime's life (may be NULL).
+ * Returns CHI_OK, CHI_ERR_INVALID (NULL or bad argument, name already
+ * registered), CHI_ERR_NOMEM (method table full), CHI_ERR_SHUTDOWN.
+ * Thread safety: safe; tasks may already be running. */
+CHI_API chi_status_t chi_register_handler(chi_runtime_t *rt, const char *name, chi_handler_t fn,
+                                          void *user_data, chi_method_t *method);
+
+/* Looks a method up by name (CPU and GPU methods alike).
+ * Returns CHI_OK, CHI_ERR_INVALID (NULL argument), CHI_ERR_NOT_FOUND.
+ * Thread safety: safe. */
+CHI_API chi_status_t chi_method_lookup(chi_runtime_t *rt, const char *name, chi_method_t *method);
+
+/* ------------------------------------------------------------------- tasks */
+
+/* Submits a task.
+ *   route      CHI_ROUTE_CPU / CHI_ROUTE_LOCAL (CPU workers, from host code),
+ *              CHI_ROUTE_GPU_ANY or a GPU number >= 0.
+ *   input      [in] input_size bytes, copied before the call returns (may be
+ *              NULL when input_size is 0).
+ *   future     [out] handle for chi_wait/chi_test/chi_release.
+ * Returns CHI_OK, CHI_ERR_INVALID (NULL rt/future, bad route, GPU number out of
+ * range, method 0 or never registered), CHI_ERR_TOO_LARGE (input_size over
+ * max_inline_payload), CHI_ERR_AGAIN (every task slot in use: at once in the
+ * non-blocking submit mode or from a handler, else after submit_timeout_ms),
+ * CHI_ERR_NO_DEVICE (GPU route, no usable GPU), CHI_ERR_SHUTDOWN.
+ * A method registered but without a handler on the chosen executor is not an
+ * error here: chi_wait returns CHI_ERR_NOT_FOUND.
+ * Ownership: the future must be consumed by one chi_wait that returns a
+ * result or by chi_release; otherwise its slot stays in use until
+ * chi_finalize.  Thread safety: safe from any thread, handlers included. */
+CHI_API chi_status_t chi_submit(chi_runtime_t *rt, chi_route_t route, chi_method_t method,
+                                const void *input, size_t input_size, chi_future_t *future);
+
+/* Waits for a task and takes its result.
+ *   timeout_ns       < 0: wait forever; 0: poll once; > 0: at most that long.
+ *   output           [out] buffer for the handler's output, or NULL to discard it.
+ *   output_capacity  size of output in bytes.
+ *   output_size      [out] bytes of output (or bytes needed), may be NULL.
+ * Returns the handler's status (CHI_OK, any library status, or its own code <=
+ * CHI_ERR_USER_BASE, unchanged) once the task ran; the future is then consumed.
+ * Before that it returns, leaving the future valid:
+ *   CHI_ERR_TIMEOUT    the task has not finished within timeout_ns;
+ *   CHI_ERR_TOO_LARGE  output is non-NULL and output_capacity is smaller than
+ *                      the result: *output_size says the size needed.
+ * Returns CHI_ERR_INVALID for NULL rt, future 0, a future already consumed,
+ * released, from another runtime or never issued.
+ * Thread safety: safe; one future is consumed by exactly one caller, other
+ * callers of the same future then get CHI_ERR_INVALID. */
+CHI_API chi_status_t chi_wait(chi_runtime_t *rt, chi_future_t future, int64_t timeout_ns,
+                              void *output, size_t output_capacity, size_t *output_size);
+
+/* Reports without blocking whether a task has finished (*done = 1) or not (0).
+ * The future stays valid either way.
+ * Returns CHI_OK or CHI_ERR_INVALID (NULL argument, stale/unknown future).
+ * Thread safety: safe. */
+CHI_API chi_status_t chi_test(chi_runtime_t *rt, chi_future_t future, int *done);
+
+/* Drops interest in a task: it still runs, its result is discarded and its
+ * slot recycled.  The future is consumed.
+ * Returns CHI_OK or CHI_ERR_INVALID (NULL rt, stale/unknown future).
+ * Thread safety: safe. */
+CHI_API chi_status_t chi_release(chi_runtime_t *rt, chi_future_t future);
+
+/* ------------------------------------------------------------------ modules */
+
+/* Loads a shared object and calls its exported
+ *   chi_status_t chimaera_module_init(chi_runtime_t *rt, uint32_t chi_version);
+ * which registers its handlers.  The object stays loaded until chi_finalize.
+ * Returns CHI_OK, CHI_ERR_INVALID (NULL argument), CHI_ERR_NOT_FOUND (cannot
+ * open, or no chimaera_module_init), or the status the init function returned.
+ * Thread safety: safe. */
+CHI_API chi_status_t chi_load_module(chi_runtime_t *rt, const char *path);
+
+/* Signature of the function a module exports (not part of the library). */
+typedef chi_status_t (*chi_module_init_t)(chi_runtime_t *rt, uint32_t chi_version);
+
+/* ---------------------------------------------------------------- memory */
+
+/* A reference to registered memory, carried inside a task's input. */
+typedef struct chi_mem_ref {
+  uint64_t region; /* from chi_register_gpu_mem */
+  uint64_t offset; /* bytes from the region's start */
+  uint64_t length; /* bytes */
+} chi_mem_ref_t;
+
+/* Registers memory that tasks may reference by (region, offset, length).
+ *   gpu         a GPU number >= 0 (device_ptr is that GPU's device memory), or
+ *               CHI_ROUTE_CPU (host memory, works without a GPU).
+ *   device_ptr  [in] start of the memory; owned by the caller, who keeps it
+ *               alive until chi_unregister_mem.
+ *   region      [out] the region id (never 0).
+ * Returns CHI_OK, CHI_ERR_INVALID (NULL pointer, size 0, pointer not on that
+ * GPU), CHI_ERR_NO_DEVICE (GPU number with no usable GPU), CHI_ERR_NOMEM
+ * (region table full).  Thread safety: safe. */
+CHI_API chi_status_t chi_register_gpu_mem(chi_runtime_t *rt, int32_t gpu, void *device_ptr,
+                                          size_t size, uint64_t *region);
+
+/* Forgets a region; later references to it are rejected.
+ * Returns CHI_OK or CHI_ERR_INVALID (unknown region).  Thread safety: safe. */
+CHI_API chi_status_t chi_unregister_mem(chi_runtime_t *rt, uint64_t region);
+
+/* Resolves a reference for a CPU handler: *ptr = region start + offset, after
+ * checking that [offset, offset + length) lies inside the region; *gpu (may be
+ * NULL) says where the memory lives (GPU number, or CHI_ROUTE_CPU).
+ * Returns CHI_OK, CHI_ERR_INVALID (NULL argument, unknown region, range
+ * outside the region).  Thread safety: safe. */
+CHI_API chi_status_t chi_mem_resolve(chi_runtime_t *rt, const chi_mem_ref_t *ref, void **ptr,
+                                     int32_t *gpu);
+
+/* -------------------------------------------------------------------- GPU */
+
+/* A fixed-size POD that kernels receive by value (chimaera_device.h). */
+typedef struct chi_dev_context {
+  uint64_t opaque[32];
+} chi_dev_context_t;
+
+/* Number of GPUs this runtime drives (0 without CUDA/HIP or without a GPU).
+ * Returns CHI_OK or CHI_ERR_INVALID.  Thread safety: safe. */
+CHI_API chi_status_t chi_gpu_count(chi_runtime_t *rt, int32_t *count);
+
+/* Fills *ctx with the device context of GPU `gpu`, to pass by value to
+ * kernels that call chi_dev_submit and friends.  Valid until chi_finalize.
+ * Returns CHI_OK, CHI_ERR_INVALID (NULL argument, gpu out of range),
+ * CHI_ERR_NO_DEVICE.  Thread safety: safe. */
+CHI_API chi_status_t chi_gpu_context(chi_runtime_t *rt, int32_t gpu, chi_dev_context_t *ctx);
+
+/* Stops GPU `gpu`'s orchestrator kernel (-1: every GPU) and waits until it
+ * has exited, so that device-wide synchronization (cudaDeviceSynchronize,
+ * cudaFree) can run.  Tasks submitted while paused stay queued and run after
+ * chi_gpu_resume.  Pausing a paused GPU is a no-op.
+ * Returns CHI_OK, CHI_ERR_INVALID (gpu out of range), CHI_ERR_NO_DEVICE,
+ * CHI_ERR_INTERNAL (kernel fault; message from the CUDA/HIP runtime).
+ * Thread safety: safe; concurrent pause/resume calls are serialized. */
+CHI_API chi_status_t chi_gpu_pause(chi_runtime_t *rt, int32_t gpu);
+
+/* Relaunches the orchestrator(s) stopped by chi_gpu_pause.  Returns as
+ * chi_gpu_pause.  Thread safety: as chi_gpu_pause. */
+CHI_API chi_status_t chi_gpu_resume(chi_runtime_t *rt, int32_t gpu);
+
+/* Launch parameters the runtime hands a user orchestrator's launcher. */
+typedef struct chi_gpu_launch {
+  size_t struct_size;
+  int32_t gpu;                /* device ordinal to launch on (already current) */
+  void *stream;               /* cudaStream_t / hipStream_t, non-blocking      */
+  uint32_t blocks;            /* grid size                                     */
+  uint32_t threads_per_block; /* block size (a multiple of the warp size)      */
+  const void *state;          /* device pointer: the orchestrator's state      */
+} chi_gpu_launch_t;
+
+/* A launcher made by CHI_DEFINE_ORCHESTRATOR (chimaera_device.h) in the user's
+ * own .cu file.  Returns CHI_OK or CHI_ERR_INTERNAL (launch failed). */
+typedef chi_status_t (*chi_gpu_launch_fn)(const chi_gpu_launch_t *launch);
+
+/* A user orchestrator: the launcher and the names of the GPU methods its
+ * dispatch serves, in the order of its dispatch indices. */
+typedef struct chi_gpu_orchestrator {
+  size_t struct_size;
+  chi_gpu_launch_fn launch;
+  const char *const *method_names;
+  uint32_t method_count;
+} chi_gpu_orchestrator_t;
+
+/* Replaces the built-in orchestrator of GPU `gpu` (-1: every GPU) by a user
+ * orchestrator, registering each of its method names as a GPU method (a name
+ * that already has a CPU handler gains a GPU handler; the same id serves
+ * both).  Built-in methods keep working.  Tasks queued meanwhile are kept.
+ * Returns CHI_OK, CHI_ERR_INVALID (NULL or bad field, name already a GPU
+ * method), CHI_ERR_NO_DEVICE, CHI_ERR_INTERNAL (launch failed).
+ * Thread safety: safe; serialized with pause/resume. */
+CHI_API chi_status_t chi_gpu_set_orchestrator(chi_runtime_t *rt, int32_t gpu,
+                                              const chi_gpu_orchestrator_t *orch);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CHIMAERA_H */

@@ -1,0 +1,360 @@
+// The C boundary: every exported function checks its arguments, catches every
+// exception, and answers with a status (detail in chi_last_error_message).
+#include <dlfcn.h>
+
+#include <cstring>
+#include <exception>
+#include <new>
+
+#include "api/error.h"
+#include "chimaera.h"
+#include "core/runtime.h"
+
+using chi::set_error;
+
+namespace {
+
+constexpr uint64_t kRuntimeMagic = 0x6368696d61657261ull;  // "chimaera"
+
+template <class F>
+chi_status_t guarded(F &&f) noexcept {
+  try {
+    return f();
+  } catch (const std::bad_alloc &) {
+    return set_error(CHI_ERR_NOMEM, "out of memory");
+  } catch (const std::exception &e) {
+    return set_error(CHI_ERR_INTERNAL, "internal error: %s", e.what());
+  } catch (...) {
+    return set_error(CHI_ERR_INTERNAL, "internal error: unknown exception");
+  }
+}
+
+chi::Runtime *engine_of(chi_runtime_t *rt) {
+  if (!rt || rt->magic != kRuntimeMagic || !rt->engine) return nullptr;
+  return rt->engine;
+}
+
+#define CHI_ENGINE(rt, var)                                                          \
+  chi::Runtime *var = engine_of(rt);                                                 \
+  if (!var) return set_error(CHI_ERR_INVALID, "runtime is NULL or not a chimaera runtime")
+
+#define CHI_NONNULL(p) \
+  if (!(p)) return set_error(CHI_ERR_INVALID, "argument '%s' is NULL", #p)
+
+chi_status_t resolve_future(chi::Runtime *e, chi_future_t f, chi::Executor **exec,
+                            chi::FutureParts *parts) {
+  if (!chi::decode_future(f, parts)) return set_error(CHI_ERR_INVALID, "future 0 is never valid");
+  if (parts->tag != e->tag())
+    return set_error(CHI_ERR_INVALID, "future %#llx does not belong to this runtime",
+                     (unsigned long long)f);
+  *exec = e->pool(parts->pool);
+  if (!*exec)
+    return set_error(CHI_ERR_INVALID, "future %#llx names no executor of this runtime",
+                     (unsigned long long)f);
+  return CHI_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+CHI_API uint32_t chi_version(void) { return CHI_VERSION_NUMBER; }
+
+CHI_API const char *chi_version_string(void) {
+#define CHI_STR2(x) #x
+#define CHI_STR(x) CHI_STR2(x)
+  return CHI_STR(CHI_VERSION_MAJOR) "." CHI_STR(CHI_VERSION_MINOR) "." CHI_STR(CHI_VERSION_PATCH);
+}
+
+CHI_API const char *chi_status_string(chi_status_t status) {
+  switch (status) {
+    case CHI_OK: return "success";
+    case CHI_ERR_INVALID: return "invalid argument or stale future";
+    case CHI_ERR_NOMEM: return "out of memory";
+    case CHI_ERR_TIMEOUT: return "timed out";
+    case CHI_ERR_AGAIN: return "resource temporarily unavailable (queue full)";
+    case CHI_ERR_NOT_FOUND: return "not found";
+    case CHI_ERR_NO_DEVICE: return "no usable GPU";
+    case CHI_ERR_DISCONNECTED: return "disconnected from server";
+    case CHI_ERR_PROTOCOL: return "protocol error";
+    case CHI_ERR_TOO_LARGE: return "too large";
+    case CHI_ERR_CONFIG: return "configuration error";
+    case CHI_ERR_PERMISSION: return "permission denied";
+    case CHI_ERR_SHUTDOWN: return "runtime is shutting down";
+    case CHI_ERR_INTERNAL: return "internal error";
+    default: return status <= CHI_ERR_USER_BASE ? "handler-defined error" : "unknown status";
+  }
+}
+
+CHI_API const char *chi_last_error_message(void) { return chi::last_error(); }
+
+CHI_API void chi_config_init(chi_config_t *cfg) {
+  if (!cfg) return;
+  std::memset(cfg, 0, sizeof *cfg);
+  cfg->struct_size = sizeof *cfg;
+  cfg->config_path = nullptr;
+  cfg->mode = CHI_MODE_EMBEDDED;
+  cfg->server_address = nullptr;
+  cfg->num_workers = 0;
+  cfg->gpus = -1;
+}
+
+CHI_API chi_status_t chi_init(const chi_config_t *cfg, chi_runtime_t **rt) {
+  return guarded([&]() -> chi_status_t {
+    CHI_NONNULL(rt);
+    *rt = nullptr;
+    chi::Config config;
+    std::string err;
+    if (chi_status_t s = chi::load_config(cfg, &config, &err); s != CHI_OK)
+      return set_error(s, "%s", err.c_str());
+    if (config.mode == CHI_MODE_CLIENT)
+      return set_error(CHI_ERR_DISCONNECTED,
+                       "client mode: this release of chimaera has no chimaera-server transport");
+    auto engine = std::make_unique<chi::Runtime>(std::move(config));
+    if (chi_status_t s = engine->start(); s != CHI_OK) return s;
+    auto handle = std::make_unique<chi_runtime>();
+    handle->magic = kRuntimeMagic;
+    handle->engine = engine.get();
+    for (const std::string &path : engine->config().modules) {
+      if (chi_status_t s = chi_load_module(handle.get(), path.c_str()); s != CHI_OK) {
+        std::string msg = chi::last_error();
+        engine->shutdown();
+        return set_error(s, "config key 'modules': %s", msg.c_str());
+      }
+    }
+    engine.release();
+    *rt = handle.release();
+    return CHI_OK;
+  });
+}
+
+CHI_API chi_status_t chi_finalize(chi_runtime_t *rt) {
+  if (!rt) return CHI_OK;
+  return guarded([&]() -> chi_status_t {
+    CHI_ENGINE(rt, e);
+    if (e->cpu().on_worker_thread())
+      return set_error(CHI_ERR_INVALID, "chi_finalize called from one of the runtime's handlers");
+    chi_status_t s = e->shutdown();
+    std::string msg = s != CHI_OK ? chi::last_error() : "";
+    rt->magic = 0;
+    rt->engine = nullptr;
+    delete e;
+    delete rt;
+    if (s != CHI_OK) set_error(s, "%s", msg.c_str());
+    return s;
+  });
+}
+
+CHI_API chi_status_t chi_register_handler(chi_runtime_t *rt, const char *name, chi_handler_t fn,
+                                          void *user_data, chi_method_t *method) {
+  return guarded([&]() -> chi_status_t {
+    CHI_ENGINE(rt, e);
+    if (e->stopping()) return set_error(CHI_ERR_SHUTDOWN, "runtime is shutting down");
+    return e->registry().add_cpu(name, fn, user_data, method);
+  });
+}
+
+CHI_API chi_status_t chi_method_lookup(chi_runtime_t *rt, const char *name, chi_method_t *method) {
+  return guarded([&]() -> chi_status_t {
+    CHI_ENGINE(rt, e);
+    CHI_NONNULL(name);
+    CHI_NONNULL(method);
+    return e->registry().lookup(name, method);
+  });
+}
+
+CHI_API chi_status_t chi_submit(chi_runtime_t *rt, chi_route_t route, chi_method_t method,
+                                const void *input, size_t input_size, chi_future_t *future) {
+  return guarded([&]() -> chi_status_t {
+    CHI_ENGINE(rt, e);
+    CHI_NONNULL(future);
+    *future = 0;
+    if (!input && input_size)
+      return set_error(CHI_ERR_INVALID, "input is NULL but input_size is %zu", input_size);
+    if (!e->registry().get(method))
+      return set_error(CHI_ERR_INVALID, "method %u was never registered", method);
+    // Handlers still drain during chi_finalize and may submit follow-up work.
+    if (e->stopping() && !e->cpu().on_worker_thread())
+      return set_error(CHI_ERR_SHUTDOWN, "runtime is shutting down");
+    if (input_size > e->config().max_inline_payload)
+      return set_error(CHI_ERR_TOO_LARGE, "input of %zu bytes over max_inline_payload %u",
+                       input_size, e->config().max_inline_payload);
+    chi::Executor *exec;
+    uint32_t pool;
+    if (chi_status_t s = e->route_executor(route, &exec, &pool); s != CHI_OK) return s;
+    uint32_t slot, gen;
+    if (chi_status_t s = exec->submit(method, input, input_size, &slot, &gen); s != CHI_OK)
+      return s;
+    *future = chi::encode_future(e->tag(), pool, gen, slot);
+    return CHI_OK;
+  });
+}
+
+CHI_API chi_status_t chi_wait(chi_runtime_t *rt, chi_future_t future, int64_t timeout_ns,
+                              void *output, size_t output_capacity, size_t *output_size) {
+  return guarded([&]() -> chi_status_t {
+    CHI_ENGINE(rt, e);
+    chi::Executor *exec;
+    chi::FutureParts p;
+    if (chi_status_t s = resolve_future(e, future, &exec, &p); s != CHI_OK) return s;
+    return exec->wait(p.slot, p.gen, timeout_ns, output, output_capacity, output_size);
+  });
+}
+
+CHI_API chi_status_t chi_test(chi_runtime_t *rt, chi_future_t future, int *done) {
+  return guarded([&]() -> chi_status_t {
+    CHI_ENGINE(rt, e);
+    CHI_NONNULL(done);
+    chi::Executor *exec;
+    chi::FutureParts p;
+    if (chi_status_t s = resolve_future(e, future, &exec, &p); s != CHI_OK) return s;
+    return exec->test(p.slot, p.gen, done);
+  });
+}
+
+CHI_API chi_status_t chi_release(chi_runtime_t *rt, chi_future_t future) {
+  return guarded([&]() -> chi_status_t {
+    CHI_ENGINE(rt, e);
+    chi::Executor *exec;
+    chi::FutureParts p;
+    if (chi_status_t s = resolve_future(e, future, &exec, &p); s != CHI_OK) return s;
+    return exec->release(p.slot, p.gen);
+  });
+}
+
+CHI_API chi_status_t chi_load_module(chi_runtime_t *rt, const char *path) {
+  return guarded([&]() -> chi_status_t {
+    CHI_ENGINE(rt, e);
+    CHI_NONNULL(path);
+    void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+      const char *why = dlerror();
+      return set_error(CHI_ERR_NOT_FOUND, "cannot load module '%s': %s", path, why ? why : "?");
+    }
+    auto init = reinterpret_cast<chi_module_init_t>(dlsym(handle, "chimaera_module_init"));
+    if (!init) {
+      dlclose(handle);
+      return set_error(CHI_ERR_NOT_FOUND, "module '%s' exports no chimaera_module_init", path);
+    }
+    {
+      std::lock_guard<std::mutex> lock(e->modules_mutex());
+      e->modules().push_back(handle);
+    }
+    // The module stays loaded even if its init fails: it may have registered
+    // handlers before failing, and those must stay callable.
+    chi_status_t s = init(rt, CHI_VERSION_NUMBER);
+    if (s != CHI_OK)
+      return set_error(s, "module '%s': chimaera_module_init returned %d (%s)", path, s,
+                       chi_status_string(s));
+    return CHI_OK;
+  });
+}
+
+CHI_API chi_status_t chi_register_gpu_mem(chi_runtime_t *rt, int32_t gpu, void *device_ptr,
+                                          size_t size, uint64_t *region) {
+  return guarded([&]() -> chi_status_t {
+    CHI_ENGINE(rt, e);
+    CHI_NONNULL(device_ptr);
+    CHI_NONNULL(region);
+    if (size == 0) return set_error(CHI_ERR_INVALID, "region size is 0");
+    if (reinterpret_cast<uintptr_t>(device_ptr) + size < reinterpret_cast<uintptr_t>(device_ptr))
+      return set_error(CHI_ERR_INVALID, "region wraps around the address space");
+    if (gpu == CHI_ROUTE_CPU) return e->regions().add(gpu, device_ptr, size, region);
+    if (gpu < 0) return set_error(CHI_ERR_INVALID, "gpu must be >= 0 or CHI_ROUTE_CPU, not %d", gpu);
+    chi::GpuSystem *g = e->gpu();
+    if (!g) return set_error(CHI_ERR_NO_DEVICE, "GPU %d: this runtime has no GPU", gpu);
+    if (gpu >= g->count())
+      return set_error(CHI_ERR_INVALID, "GPU %d out of range: this runtime drives %d GPU(s)", gpu,
+                       g->count());
+    if (chi_status_t s = g->check_device_pointer(gpu, device_ptr, size); s != CHI_OK) return s;
+    if (chi_status_t s = e->regions().add(gpu, device_ptr, size, region); s != CHI_OK) return s;
+    return g->regions_changed();
+  });
+}
+
+CHI_API chi_status_t chi_unregister_mem(chi_runtime_t *rt, uint64_t region) {
+  return guarded([&]() -> chi_status_t {
+    CHI_ENGINE(rt, e);
+    if (chi_status_t s = e->regions().remove(region); s != CHI_OK) return s;
+    return e->gpu() ? e->gpu()->regions_changed() : CHI_OK;
+  });
+}
+
+CHI_API chi_status_t chi_mem_resolve(chi_runtime_t *rt, const chi_mem_ref_t *ref, void **ptr,
+                                     int32_t *gpu) {
+  return guarded([&]() -> chi_status_t {
+    CHI_ENGINE(rt, e);
+    CHI_NONNULL(ref);
+    CHI_NONNULL(ptr);
+    return e->regions().resolve(*ref, ptr, gpu);
+  });
+}
+
+CHI_API chi_status_t chi_gpu_count(chi_runtime_t *rt, int32_t *count) {
+  return guarded([&]() -> chi_status_t {
+    CHI_ENGINE(rt, e);
+    CHI_NONNULL(count);
+    *count = e->gpu() ? e->gpu()->count() : 0;
+    return CHI_OK;
+  });
+}
+
+namespace {
+
+// Common checks of the per-GPU calls; gpu == -1 means every GPU where allowed.
+chi_status_t gpu_target(chi::Runtime *e, int32_t gpu, bool allow_all, chi::GpuSystem **g) {
+  *g = e->gpu();
+  if (!*g) return set_error(CHI_ERR_NO_DEVICE, "this runtime has no GPU");
+  if ((gpu == -1 && allow_all) || (gpu >= 0 && gpu < (*g)->count())) return CHI_OK;
+  return set_error(CHI_ERR_INVALID, "GPU %d out of range: this runtime drives %d GPU(s)", gpu,
+                   (*g)->count());
+}
+
+}  // namespace
+
+CHI_API chi_status_t chi_gpu_context(chi_runtime_t *rt, int32_t gpu, chi_dev_context_t *ctx) {
+  return guarded([&]() -> chi_status_t {
+    CHI_ENGINE(rt, e);
+    CHI_NONNULL(ctx);
+    chi::GpuSystem *g;
+    if (chi_status_t s = gpu_target(e, gpu, false, &g); s != CHI_OK) return s;
+    return g->context(gpu, ctx);
+  });
+}
+
+CHI_API chi_status_t chi_gpu_pause(chi_runtime_t *rt, int32_t gpu) {
+  return guarded([&]() -> chi_status_t {
+    CHI_ENGINE(rt, e);
+    chi::GpuSystem *g;
+    if (chi_status_t s = gpu_target(e, gpu, true, &g); s != CHI_OK) return s;
+    return g->pause(gpu);
+  });
+}
+
+CHI_API chi_status_t chi_gpu_resume(chi_runtime_t *rt, int32_t gpu) {
+  return guarded([&]() -> chi_status_t {
+    CHI_ENGINE(rt, e);
+    chi::GpuSystem *g;
+    if (chi_status_t s = gpu_target(e, gpu, true, &g); s != CHI_OK) return s;
+    return g->resume(gpu);
+  });
+}
+
+CHI_API chi_status_t chi_gpu_set_orchestrator(chi_runtime_t *rt, int32_t gpu,
+                                              const chi_gpu_orchestrator_t *orch) {
+  return guarded([&]() -> chi_status_t {
+    CHI_ENGINE(rt, e);
+    CHI_NONNULL(orch);
+    if (orch->struct_size < sizeof(chi_gpu_orchestrator_t))
+      return set_error(CHI_ERR_INVALID, "orchestrator struct_size %zu < %zu", orch->struct_size,
+                       sizeof(chi_gpu_orchestrator_t));
+    if (!orch->launch) return set_error(CHI_ERR_INVALID, "orchestrator launch function is NULL");
+    if (orch->method_count && !orch->method_names)
+      return set_error(CHI_ERR_INVALID, "orchestrator method_names is NULL");
+    chi::GpuSystem *g;
+    if (chi_status_t s = gpu_target(e, gpu, true, &g); s != CHI_OK) return s;
+    return g->set_orchestrator(gpu, orch);
+  });
+}
+
+}  // extern "C"

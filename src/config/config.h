@@ -1,0 +1,51 @@
+// Runtime settings: built-in defaults, chimaera.yaml, CHI_* environment and
+// chi_config_t, merged in that order of priority (lowest first).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "chimaera.h"
+
+namespace chi {
+
+enum class LogLevel : int { kError = 0, kWarn = 1, kInfo = 2, kDebug = 3 };
+
+struct GpuConfig {
+  int32_t devices = -1;            // -1: all visible, 0: none, n: the first n (error if fewer)
+  uint32_t blocks = 1;             // orchestrator grid size, 1..1024
+  uint32_t warps_per_block = 4;    // orchestrator block size in warps, 1..32
+  uint32_t queue_depth = 1024;     // CPU->GPU task slots per GPU, power of two, 2..1<<20
+  uint32_t device_slots = 8192;    // GPU->GPU and GPU->CPU slots per GPU each, power of two, 32..1<<22
+  uint32_t max_payload = 4096;     // inline payload limit of GPU slots, bytes, 0..max_inline_payload
+  uint32_t poll_interval_us = 50;  // longest sleep of an idle GPU->CPU poller, 0..100000
+  int64_t poller_spin_ns = 200000; // GPU->CPU poller spins this long before backing off, 0..1e10
+};
+
+struct Config {
+  int32_t mode = CHI_MODE_EMBEDDED;
+  std::string server_address;          // client mode only
+  uint32_t workers = 0;                // CPU worker threads; 0: hardware threads (at least 2), 1..1024
+  uint32_t queue_depth = 1024;         // CPU task slots = run queue depth, power of two, 2..1<<20
+  uint32_t max_inline_payload = 4096;  // bytes, 0..1 MiB
+  int64_t spin_ns = 50000;             // waiters and idle workers spin this long, then futex sleep, 0..1e10
+  bool submit_blocking = true;         // full slots: block (up to submit_timeout_ms) or fail with CHI_ERR_AGAIN
+  uint32_t submit_timeout_ms = 1000;   // bound of a blocking submit, 0..3600000
+  LogLevel log_level = LogLevel::kWarn;
+  std::vector<std::string> modules;    // shared objects loaded at start-up
+  GpuConfig gpu;
+};
+
+// Builds *out from defaults, then the file (cfg->config_path, else $CHI_CONFIG,
+// else none), then CHI_* environment variables, then non-default fields of cfg
+// (which may be NULL).  On failure returns CHI_ERR_CONFIG (or CHI_ERR_INVALID
+// for a bad chi_config_t) and sets *error to a message that names
+// file:line:column for file errors, or the variable for environment errors.
+chi_status_t load_config(const chi_config_t *cfg, Config *out, std::string *error);
+
+// Parses YAML text as if read from `path` (used by load_config and the tests).
+chi_status_t parse_config_text(const std::string &text, const std::string &path, Config *out,
+                               std::string *error);
+
+}  // namespace chi

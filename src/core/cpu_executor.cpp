@@ -1,0 +1,336 @@
+#include "core/cpu_executor.h"
+
+#include <sys/mman.h>
+
+#include <cstring>
+
+#include "api/error.h"
+#include "core/futex.h"
+#include "core/log.h"
+
+namespace chi {
+
+namespace {
+
+// Slot state word: generation (24 bits) << 8 | state (low 7 bits) | kSleeper.
+// One 32-bit word so that waiters can futex-sleep on it directly.
+enum : uint32_t {
+  kFree = 0,
+  kPending = 1,  // queued or running
+  kDone = 2,
+  kOrphan = 3,   // released before done: the worker frees it
+  kClaimed = 4,  // a waiter or chi_release is taking the result
+  kStateMask = 0x7F,
+  kSleeper = 0x80,  // a waiter sleeps on the word: completion must wake it
+};
+
+inline uint32_t make_state(uint32_t gen, uint32_t st) { return (gen << 8) | st; }
+inline uint32_t gen_of(uint32_t word) { return word >> 8; }
+inline uint32_t state_of(uint32_t word) { return word & kStateMask; }
+
+// Nested chi_wait calls on a worker run queued tasks while they wait; past
+// this depth they only wait, so a handler chain cannot overflow the stack.
+constexpr int kMaxHelpDepth = 64;
+
+thread_local const void *tls_pool = nullptr;
+thread_local int tls_help_depth = 0;
+
+}  // namespace
+
+struct alignas(64) CpuExecutor::Slot {
+  std::atomic<uint32_t> state;
+  chi_method_t method;
+  uint32_t input_size;
+  uint32_t output_size;
+  chi_status_t status;
+};
+
+CpuExecutor::CpuExecutor(const Config &cfg, const Registry &reg, const void *owner)
+    : cfg_(cfg), reg_(reg), owner_(owner) {}
+
+CpuExecutor::~CpuExecutor() {
+  shutdown();
+  if (arena_) munmap(arena_, arena_size_);
+}
+
+chi_status_t CpuExecutor::start() {
+  nslots_ = cfg_.queue_depth;
+  payload_ = cfg_.max_inline_payload;
+  // Input and output of a slot are separate so handlers never see aliasing;
+  // 64-byte alignment keeps slots off each other's cache lines.
+  slot_stride_ = ((2 * payload_) + 63) & ~size_t(63);
+  arena_size_ = size_t(nslots_) * sizeof(Slot) + size_t(nslots_) * slot_stride_;
+  // MAP_NORESERVE: pages are only touched (and resident) as slots are used.
+  void *mem = mmap(nullptr, arena_size_, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (mem == MAP_FAILED) {
+    arena_ = nullptr;
+    return set_error(CHI_ERR_NOMEM, "cannot map %zu bytes of task slots", arena_size_);
+  }
+  arena_ = static_cast<uint8_t *>(mem);
+  for (uint32_t i = 0; i < nslots_; ++i) new (slot_at(i)) Slot{{make_state(0, kFree)}, 0, 0, 0, 0};
+  free_.init(nslots_);
+  run_.init(nslots_);
+  for (uint32_t i = 0; i < nslots_; ++i) free_.push(i);
+  uint32_t n = cfg_.workers;
+  try {
+    for (uint32_t i = 0; i < n; ++i) workers_.emplace_back(&CpuExecutor::worker_main, this, i);
+  } catch (const std::exception &e) {
+    shutdown();
+    return set_error(CHI_ERR_NOMEM, "cannot start worker thread: %s", e.what());
+  }
+  return CHI_OK;
+}
+
+void CpuExecutor::shutdown() {
+  if (workers_.empty()) return;
+  stopping_.store(true, std::memory_order_seq_cst);
+  idle_seq_.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake(&idle_seq_);
+  for (auto &t : workers_) t.join();
+  workers_.clear();
+}
+
+CpuExecutor::Slot *CpuExecutor::slot_at(uint32_t index) const {
+  return reinterpret_cast<Slot *>(arena_ + size_t(index) * sizeof(Slot));
+}
+
+uint8_t *CpuExecutor::input_of(uint32_t index) const {
+  return arena_ + size_t(nslots_) * sizeof(Slot) + size_t(index) * slot_stride_;
+}
+
+uint8_t *CpuExecutor::output_of(uint32_t index) const { return input_of(index) + payload_; }
+
+bool CpuExecutor::on_worker_thread() const { return tls_pool == this; }
+
+bool CpuExecutor::acquire_slot(uint32_t *index, bool may_block) {
+  if (free_.pop(index)) return true;
+  if (!may_block) return false;
+  int64_t deadline = now_ns() + int64_t(cfg_.submit_timeout_ms) * 1000000;
+  for (;;) {
+    int64_t spin_end = now_ns() + cfg_.spin_ns;
+    do {
+      if (free_.pop(index)) return true;
+      cpu_relax();
+    } while (now_ns() < spin_end);
+    free_waiters_.fetch_add(1, std::memory_order_seq_cst);
+    uint32_t seq = free_seq_.load(std::memory_order_seq_cst);
+    bool got = free_.pop(index);
+    if (!got) {
+      int64_t left = deadline - now_ns();
+      if (left > 0) futex_wait(&free_seq_, seq, left);
+      got = free_.pop(index);
+    }
+    free_waiters_.fetch_sub(1, std::memory_order_relaxed);
+    if (got) return true;
+    if (now_ns() >= deadline) return false;
+  }
+}
+
+void CpuExecutor::free_slot(uint32_t index) {
+  Slot *s = slot_at(index);
+  s->state.store(make_state(gen_of(s->state.load(std::memory_order_relaxed)), kFree),
+                 std::memory_order_release);
+  free_.push(index);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (free_waiters_.load(std::memory_order_relaxed) > 0) {
+    free_seq_.fetch_add(1, std::memory_order_release);
+    futex_wake(&free_seq_, 1);
+  }
+}
+
+chi_status_t CpuExecutor::submit(chi_method_t method, const void *input, size_t input_size,
+                                 uint32_t *slot, uint32_t *gen) {
+  if (input_size > payload_)
+    return set_error(CHI_ERR_TOO_LARGE, "input of %zu bytes over max_inline_payload %zu",
+                     input_size, payload_);
+  bool worker = on_worker_thread();
+  uint32_t index;
+  // A handler never blocks for a slot: the slots it would wait for may be
+  // held by tasks that only its own progress completes.
+  if (!acquire_slot(&index, cfg_.submit_blocking && !worker)) {
+    if (worker || !cfg_.submit_blocking)
+      return set_error(CHI_ERR_AGAIN, "all %u CPU task slots are in use", nslots_);
+    return set_error(CHI_ERR_AGAIN, "all %u CPU task slots stayed in use for %u ms", nslots_,
+                     cfg_.submit_timeout_ms);
+  }
+  Slot *s = slot_at(index);
+  uint32_t g = (gen_of(s->state.load(std::memory_order_relaxed)) + 1) & kGenMask;
+  s->method = method;
+  s->input_size = uint32_t(input_size);
+  s->output_size = 0;
+  s->status = CHI_OK;
+  if (input_size) std::memcpy(input_of(index), input, input_size);
+  s->state.store(make_state(g, kPending), std::memory_order_relaxed);
+  run_.push(index);  // never full: it holds at most nslots_ entries; release publishes the slot
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (sleepers_.load(std::memory_order_relaxed) > 0) {
+    idle_seq_.fetch_add(1, std::memory_order_release);
+    futex_wake(&idle_seq_, 1);
+  }
+  *slot = index;
+  *gen = g;
+  return CHI_OK;
+}
+
+void CpuExecutor::run_task(uint32_t index) {
+  Slot *s = slot_at(index);
+  size_t out_size = 0;
+  chi_status_t st = run_cpu_handler(reg_, s->method, CHI_ROUTE_CPU, input_of(index),
+                                    s->input_size, output_of(index), payload_, &out_size);
+  s->status = st;
+  s->output_size = uint32_t(out_size);
+  uint32_t cur = s->state.load(std::memory_order_relaxed);
+  for (;;) {
+    if (state_of(cur) == kOrphan) {
+      free_slot(index);
+      if (cur & kSleeper) futex_wake(&s->state);  // a waiter raced with chi_release
+      return;
+    }
+    // Release: the waiter that sees kDone sees the output and status.
+    if (s->state.compare_exchange_weak(cur, make_state(gen_of(cur), kDone),
+                                       std::memory_order_acq_rel, std::memory_order_relaxed))
+      break;
+  }
+  if (cur & kSleeper) futex_wake(&s->state);
+}
+
+bool CpuExecutor::run_one_queued() {
+  uint32_t index;
+  if (!run_.pop(&index)) return false;
+  run_task(index);
+  return true;
+}
+
+void CpuExecutor::worker_main(unsigned id) {
+  tls_pool = this;
+  for (;;) {
+    if (run_one_queued()) continue;
+    int64_t spin_end = now_ns() + cfg_.spin_ns;
+    bool found = false;
+    while (now_ns() < spin_end) {
+      if (run_.maybe_nonempty()) {
+        found = true;
+        break;
+      }
+      cpu_relax();
+    }
+    if (found) continue;
+    // Sleep: announce it, then re-check, so a producer either sees us
+    // asleep or we see its task (both sides fence between write and read).
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    uint32_t seq = idle_seq_.load(std::memory_order_seq_cst);
+    if (run_.maybe_nonempty()) {
+      sleepers_.fetch_sub(1, std::memory_order_relaxed);
+      continue;
+    }
+    if (stopping_.load(std::memory_order_acquire)) {
+      sleepers_.fetch_sub(1, std::memory_order_relaxed);
+      break;
+    }
+    futex_wait(&idle_seq_, seq, -1);
+    sleepers_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  log(LogLevel::kDebug, "CPU worker %u stopped", id);
+  tls_pool = nullptr;
+}
+
+chi_status_t CpuExecutor::check(uint32_t slot, uint32_t gen) const {
+  if (slot >= nslots_) return set_error(CHI_ERR_INVALID, "unknown future (slot %u)", slot);
+  uint32_t w = slot_at(slot)->state.load(std::memory_order_acquire);
+  uint32_t st = state_of(w);
+  if (gen_of(w) != gen || st == kFree || st == kOrphan || st == kClaimed)
+    return set_error(CHI_ERR_INVALID, "stale future: already waited on, released or unknown");
+  return CHI_OK;
+}
+
+chi_status_t CpuExecutor::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, void *output,
+                               size_t output_capacity, size_t *output_size) {
+  if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
+  Slot *s = slot_at(slot);
+  const int64_t start = now_ns();
+  const bool helper = on_worker_thread() && tls_help_depth < kMaxHelpDepth;
+  int64_t spin_end = start + cfg_.spin_ns;
+  uint32_t w = s->state.load(std::memory_order_acquire);
+  while (gen_of(w) == gen && state_of(w) == kPending) {
+    int64_t now = now_ns();
+    if (timeout_ns >= 0 && now - start >= timeout_ns)
+      return set_error(CHI_ERR_TIMEOUT, "task not finished within %lld ns", (long long)timeout_ns);
+    if (helper) {
+      // A worker waiting on a task helps run the queue, so a pool whose every
+      // worker waits on nested tasks still makes progress.
+      ++tls_help_depth;
+      bool ran = run_one_queued();
+      --tls_help_depth;
+      if (ran) {
+        w = s->state.load(std::memory_order_acquire);
+        continue;
+      }
+    }
+    if (now < spin_end) {
+      cpu_relax();
+      w = s->state.load(std::memory_order_acquire);
+      continue;
+    }
+    // Sleep on the slot word; the worker wakes sleepers when it sees kSleeper.
+    uint32_t want = w | kSleeper;
+    if (w != want &&
+        !s->state.compare_exchange_strong(w, want, std::memory_order_acq_rel,
+                                          std::memory_order_acquire))
+      continue;
+    int64_t left = -1;
+    if (timeout_ns >= 0) left = timeout_ns - (now_ns() - start);
+    if (helper && (left < 0 || left > 1000000)) left = 1000000;  // re-check the queue every ms
+    if (left != 0) futex_wait(&s->state, want, left);
+    w = s->state.load(std::memory_order_acquire);
+  }
+  if (gen_of(w) != gen || state_of(w) != kDone)
+    return set_error(CHI_ERR_INVALID, "stale future: already waited on or released");
+  size_t size = s->output_size;
+  if (output && output_capacity < size) {
+    if (output_size) *output_size = size;
+    return set_error(CHI_ERR_TOO_LARGE, "output of %zu bytes does not fit a %zu-byte buffer",
+                     size, output_capacity);
+  }
+  // Claim: of several threads waiting on one future, exactly one consumes it.
+  if (!s->state.compare_exchange_strong(w, make_state(gen, kClaimed), std::memory_order_acquire))
+    return set_error(CHI_ERR_INVALID, "stale future: consumed by another thread");
+  chi_status_t status = s->status;
+  if (output && size) std::memcpy(output, output_of(slot), size);
+  if (output_size) *output_size = size;
+  free_slot(slot);
+  if (status != CHI_OK) set_error(status, "handler of method %u returned %d", s->method, status);
+  return status;
+}
+
+chi_status_t CpuExecutor::test(uint32_t slot, uint32_t gen, int *done) {
+  if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
+  *done = state_of(slot_at(slot)->state.load(std::memory_order_acquire)) == kDone;
+  return CHI_OK;
+}
+
+chi_status_t CpuExecutor::release(uint32_t slot, uint32_t gen) {
+  if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
+  Slot *s = slot_at(slot);
+  uint32_t w = s->state.load(std::memory_order_acquire);
+  for (;;) {
+    if (gen_of(w) != gen) break;
+    uint32_t st = state_of(w);
+    if (st == kPending) {
+      // The worker frees an orphan when it finishes.
+      if (s->state.compare_exchange_weak(w, make_state(gen, kOrphan), std::memory_order_acq_rel))
+        return CHI_OK;
+    } else if (st == kDone) {
+      if (s->state.compare_exchange_weak(w, make_state(gen, kClaimed),
+                                         std::memory_order_acq_rel)) {
+        free_slot(slot);
+        return CHI_OK;
+      }
+    } else {
+      break;
+    }
+  }
+  return set_error(CHI_ERR_INVALID, "stale future: already waited on or released");
+}
+
+}  // namespace chi

@@ -1,0 +1,66 @@
+// The CPU worker pool: task slots with inline payloads, a bounded MPMC run
+// queue, worker threads that spin then sleep on a futex.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "config/config.h"
+#include "core/executor.h"
+#include "core/mpmc_queue.h"
+#include "core/registry.h"
+
+namespace chi {
+
+class CpuExecutor final : public Executor {
+ public:
+  CpuExecutor(const Config &cfg, const Registry &reg, const void *owner);
+  ~CpuExecutor() override;
+  chi_status_t start();
+  // Refuses new tasks, runs the queued ones, joins the workers.
+  void shutdown();
+
+  chi_status_t submit(chi_method_t method, const void *input, size_t input_size, uint32_t *slot,
+                      uint32_t *gen) override;
+  chi_status_t wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, void *output,
+                    size_t output_capacity, size_t *output_size) override;
+  chi_status_t test(uint32_t slot, uint32_t gen, int *done) override;
+  chi_status_t release(uint32_t slot, uint32_t gen) override;
+
+  // True on one of this pool's worker threads.
+  bool on_worker_thread() const;
+
+ private:
+  struct Slot;
+  Slot *slot_at(uint32_t index) const;
+  uint8_t *input_of(uint32_t index) const;
+  uint8_t *output_of(uint32_t index) const;
+  chi_status_t check(uint32_t slot, uint32_t gen) const;
+  bool acquire_slot(uint32_t *index, bool may_block);
+  void free_slot(uint32_t index);
+  void run_task(uint32_t index);
+  bool run_one_queued();
+  void worker_main(unsigned id);
+  void wake_workers();
+
+  const Config &cfg_;
+  const Registry &reg_;
+  const void *owner_;
+  uint32_t nslots_;
+  size_t payload_;
+  size_t slot_stride_;
+  uint8_t *arena_ = nullptr;  // slot headers then payloads, mmap'ed lazily
+  size_t arena_size_ = 0;
+  MpmcQueue free_;
+  MpmcQueue run_;
+  std::vector<std::thread> workers_;
+  std::atomic<bool> stopping_{false};
+  alignas(64) std::atomic<uint32_t> idle_seq_{0};   // futex word of idle workers
+  alignas(64) std::atomic<int32_t> sleepers_{0};     // workers asleep on idle_seq_
+  alignas(64) std::atomic<uint32_t> free_seq_{0};   // futex word of blocked submitters
+  std::atomic<int32_t> free_waiters_{0};
+};
+
+}  // namespace chi

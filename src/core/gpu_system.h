@@ -1,0 +1,41 @@
+// What the core needs from the GPU backend (gpu/): one executor per GPU, the
+// device context, pause/resume and user orchestrators.  Built without CUDA/HIP,
+// create_gpu_system yields no system and GPU routes answer CHI_ERR_NO_DEVICE.
+#pragma once
+
+#include <memory>
+
+#include "chimaera.h"
+#include "config/config.h"
+#include "core/executor.h"
+
+namespace chi {
+
+class Runtime;
+
+class GpuSystem {
+ public:
+  virtual ~GpuSystem() = default;
+  virtual int32_t count() const = 0;
+  // Executor of GPU `gpu` (0 <= gpu < count()).
+  virtual Executor *executor(int32_t gpu) = 0;
+  virtual chi_status_t context(int32_t gpu, chi_dev_context_t *ctx) = 0;
+  // gpu == -1: every GPU.
+  virtual chi_status_t pause(int32_t gpu) = 0;
+  virtual chi_status_t resume(int32_t gpu) = 0;
+  virtual chi_status_t set_orchestrator(int32_t gpu, const chi_gpu_orchestrator_t *orch) = 0;
+  // CHI_OK when [ptr, ptr + size) is device memory of GPU `gpu`, else CHI_ERR_INVALID.
+  virtual chi_status_t check_device_pointer(int32_t gpu, const void *ptr, size_t size) = 0;
+  // The region table changed (Runtime::regions); make device code see the new one.
+  virtual chi_status_t regions_changed() = 0;
+  // chi_finalize: run what is queued, stop orchestrators and pollers, free memory.
+  virtual chi_status_t shutdown() = 0;
+};
+
+// Creates the GPU backend for cfg.gpu.  *out stays empty (and CHI_OK is
+// returned) when the build has no GPU backend, no GPU is visible, or
+// cfg.gpu.devices == 0.  CHI_ERR_NO_DEVICE when cfg.gpu.devices asks for more
+// GPUs than are usable.
+chi_status_t create_gpu_system(Runtime &rt, const Config &cfg, std::unique_ptr<GpuSystem> *out);
+
+}  // namespace chi

@@ -1,0 +1,79 @@
+#include "core/runtime.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "api/error.h"
+#include "core/futex.h"
+#include "core/log.h"
+
+namespace chi {
+
+namespace {
+std::atomic<uint32_t> g_runtime_count{0};
+
+uint32_t fresh_tag() {
+  // Differs between the runtimes of one process and, likely, between processes.
+  uint32_t n = g_runtime_count.fetch_add(1, std::memory_order_relaxed);
+  return (n * 0x9Du + uint32_t(getpid()) * 31u + uint32_t(now_ns() >> 10)) & 0xFFu;
+}
+}  // namespace
+
+Runtime::Runtime(Config cfg) : cfg_(std::move(cfg)), tag_(fresh_tag()) {
+  if (cfg_.workers == 0) cfg_.workers = std::max(2u, std::thread::hardware_concurrency());
+}
+
+Runtime::~Runtime() { shutdown(); }
+
+chi_status_t Runtime::start() {
+  set_log_level(cfg_.log_level);
+  register_builtins(registry_);
+  cpu_ = std::make_unique<CpuExecutor>(cfg_, registry_, this);
+  if (chi_status_t s = cpu_->start(); s != CHI_OK) return s;
+  if (chi_status_t s = create_gpu_system(*this, cfg_, &gpu_); s != CHI_OK) return s;
+  log(LogLevel::kInfo, "runtime up: %u workers, %u slots, %u-byte payloads, %d GPU(s)",
+      cfg_.workers, cfg_.queue_depth, cfg_.max_inline_payload, gpu_ ? gpu_->count() : 0);
+  return CHI_OK;
+}
+
+chi_status_t Runtime::shutdown() {
+  if (stopping_.exchange(true, std::memory_order_acq_rel)) return CHI_OK;
+  chi_status_t status = CHI_OK;
+  if (gpu_) status = gpu_->shutdown();
+  // CPU workers last: GPU pollers may still have run CPU handlers until now.
+  if (cpu_) cpu_->shutdown();
+  gpu_.reset();
+  for (void *m : modules_) dlclose(m);
+  modules_.clear();
+  return status;
+}
+
+Executor *Runtime::pool(uint32_t pool) {
+  if (pool == kCpuPool) return cpu_.get();
+  if (gpu_ && pool >= 1 && int64_t(pool) - 1 < gpu_->count()) return gpu_->executor(pool - 1);
+  return nullptr;
+}
+
+chi_status_t Runtime::route_executor(chi_route_t route, Executor **exec, uint32_t *pool) {
+  if (route == CHI_ROUTE_CPU || route == CHI_ROUTE_LOCAL) {
+    *exec = cpu_.get();
+    *pool = kCpuPool;
+    return CHI_OK;
+  }
+  if (route < CHI_ROUTE_LOCAL) return set_error(CHI_ERR_INVALID, "unknown route %d", route);
+  int32_t n = gpu_ ? gpu_->count() : 0;
+  if (n == 0) return set_error(CHI_ERR_NO_DEVICE, "route %d needs a GPU and this runtime has none", route);
+  int32_t g = route;
+  if (route == CHI_ROUTE_GPU_ANY) {
+    g = int32_t(next_gpu_.fetch_add(1, std::memory_order_relaxed) % uint32_t(n));
+  } else if (route >= n) {
+    return set_error(CHI_ERR_INVALID, "GPU %d out of range: this runtime drives %d GPU(s)", route, n);
+  }
+  *exec = gpu_->executor(g);
+  *pool = uint32_t(g) + 1;
+  return CHI_OK;
+}
+
+}  // namespace chi

@@ -1,0 +1,58 @@
+// The engine behind chi_runtime_t: configuration, methods, memory regions,
+// the CPU pool and the optional GPU system.  Only src/api touches it from C.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "config/config.h"
+#include "core/cpu_executor.h"
+#include "core/gpu_system.h"
+#include "core/memory_regions.h"
+#include "core/registry.h"
+
+namespace chi {
+
+class Runtime {
+ public:
+  explicit Runtime(Config cfg);
+  ~Runtime();
+  chi_status_t start();
+  chi_status_t shutdown();
+
+  // The executor behind a future's pool number, or nullptr.
+  Executor *pool(uint32_t pool);
+  // The executor for a submit route, with the status for a bad route.
+  chi_status_t route_executor(chi_route_t route, Executor **exec, uint32_t *pool);
+
+  const Config &config() const { return cfg_; }
+  Registry &registry() { return registry_; }
+  MemoryRegions &regions() { return regions_; }
+  GpuSystem *gpu() { return gpu_.get(); }
+  CpuExecutor &cpu() { return *cpu_; }
+  uint32_t tag() const { return tag_; }
+  bool stopping() const { return stopping_.load(std::memory_order_acquire); }
+  std::mutex &modules_mutex() { return modules_mu_; }
+  std::vector<void *> &modules() { return modules_; }
+
+ private:
+  Config cfg_;
+  Registry registry_;
+  MemoryRegions regions_;
+  std::unique_ptr<CpuExecutor> cpu_;
+  std::unique_ptr<GpuSystem> gpu_;
+  uint32_t tag_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint32_t> next_gpu_{0};
+  std::mutex modules_mu_;
+  std::vector<void *> modules_;
+};
+
+}  // namespace chi
+
+struct chi_runtime {
+  uint64_t magic;
+  chi::Runtime *engine;
+};
