@@ -28,11 +28,14 @@ inline uint32_t make_state(uint32_t gen, uint32_t st) { return (gen << 8) | st; 
 inline uint32_t gen_of(uint32_t word) { return word >> 8; }
 inline uint32_t state_of(uint32_t word) { return word & kStateMask; }
 
-// Nested chi_wait calls on a worker run queued tasks while they wait; past
-// this depth they only wait, so a handler chain cannot overflow the stack.
-constexpr int kMaxHelpDepth = 64;
+// Nested chi_wait calls on a worker run queued tasks while they wait.  Past
+// this depth they run only their own worker's queue (the children of the
+// tasks on their stack), so helping cannot grow the stack without bound
+// while every waited-for task still gets a thread that runs it.
+constexpr int kMaxHelpDepth = 16;
 
 thread_local const void *tls_pool = nullptr;
+thread_local uint32_t tls_worker = 0;
 thread_local int tls_help_depth = 0;
 
 }  // namespace
@@ -71,6 +74,8 @@ chi_status_t CpuExecutor::start() {
   for (uint32_t i = 0; i < nslots_; ++i) new (slot_at(i)) Slot{{make_state(0, kFree)}, 0, 0, 0, 0};
   free_.init(nslots_);
   run_.init(nslots_);
+  local_.reset(new MpmcQueue[cfg_.workers]);
+  for (uint32_t i = 0; i < cfg_.workers; ++i) local_[i].init(nslots_);
   for (uint32_t i = 0; i < nslots_; ++i) free_.push(i);
   uint32_t n = cfg_.workers;
   try {
@@ -162,7 +167,8 @@ chi_status_t CpuExecutor::submit(chi_method_t method, const void *input, size_t 
   s->status = CHI_OK;
   if (input_size) std::memcpy(input_of(index), input, input_size);
   s->state.store(make_state(g, kPending), std::memory_order_relaxed);
-  run_.push(index);  // never full: it holds at most nslots_ entries; release publishes the slot
+  // Never full: a queue holds at most nslots_ entries.  The push publishes the slot.
+  (worker ? local_[tls_worker] : run_).push(index);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (sleepers_.load(std::memory_order_relaxed) > 0) {
     idle_seq_.fetch_add(1, std::memory_order_release);
@@ -195,21 +201,40 @@ void CpuExecutor::run_task(uint32_t index) {
   if (cur & kSleeper) futex_wake(&s->state);
 }
 
-bool CpuExecutor::run_one_queued() {
-  uint32_t index;
-  if (!run_.pop(&index)) return false;
-  run_task(index);
-  return true;
+bool CpuExecutor::pop_task(uint32_t *index, bool own_only) {
+  const bool worker = on_worker_thread();
+  if (worker && local_[tls_worker].pop(index)) return true;
+  if (own_only) return false;
+  if (run_.pop(index)) return true;
+  // Steal children that busy handlers queued on their own workers.
+  uint32_t n = cfg_.workers, start = worker ? tls_worker + 1 : 0;
+  for (uint32_t k = 0; k < n; ++k) {
+    uint32_t w = (start + k) % n;
+    if (local_[w].pop(index)) return true;
+  }
+  return false;
+}
+
+bool CpuExecutor::any_task() const {
+  if (run_.maybe_nonempty()) return true;
+  for (uint32_t w = 0; w < cfg_.workers; ++w)
+    if (local_[w].maybe_nonempty()) return true;
+  return false;
 }
 
 void CpuExecutor::worker_main(unsigned id) {
   tls_pool = this;
+  tls_worker = id;
   for (;;) {
-    if (run_one_queued()) continue;
+    uint32_t index;
+    if (pop_task(&index, false)) {
+      run_task(index);
+      continue;
+    }
     int64_t spin_end = now_ns() + cfg_.spin_ns;
     bool found = false;
     while (now_ns() < spin_end) {
-      if (run_.maybe_nonempty()) {
+      if (any_task()) {
         found = true;
         break;
       }
@@ -220,7 +245,7 @@ void CpuExecutor::worker_main(unsigned id) {
     // asleep or we see its task (both sides fence between write and read).
     sleepers_.fetch_add(1, std::memory_order_seq_cst);
     uint32_t seq = idle_seq_.load(std::memory_order_seq_cst);
-    if (run_.maybe_nonempty()) {
+    if (any_task()) {
       sleepers_.fetch_sub(1, std::memory_order_relaxed);
       continue;
     }
@@ -249,7 +274,8 @@ chi_status_t CpuExecutor::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, 
   if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
   Slot *s = slot_at(slot);
   const int64_t start = now_ns();
-  const bool helper = on_worker_thread() && tls_help_depth < kMaxHelpDepth;
+  const bool helper = on_worker_thread();
+  const bool own_only = tls_help_depth >= kMaxHelpDepth;
   int64_t spin_end = start + cfg_.spin_ns;
   uint32_t w = s->state.load(std::memory_order_acquire);
   while (gen_of(w) == gen && state_of(w) == kPending) {
@@ -259,10 +285,11 @@ chi_status_t CpuExecutor::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, 
     if (helper) {
       // A worker waiting on a task helps run the queue, so a pool whose every
       // worker waits on nested tasks still makes progress.
-      ++tls_help_depth;
-      bool ran = run_one_queued();
-      --tls_help_depth;
-      if (ran) {
+      uint32_t index;
+      if (pop_task(&index, own_only)) {
+        ++tls_help_depth;
+        run_task(index);
+        --tls_help_depth;
         w = s->state.load(std::memory_order_acquire);
         continue;
       }

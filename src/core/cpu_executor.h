@@ -41,9 +41,9 @@ class CpuExecutor final : public Executor {
   bool acquire_slot(uint32_t *index, bool may_block);
   void free_slot(uint32_t index);
   void run_task(uint32_t index);
-  bool run_one_queued();
+  bool pop_task(uint32_t *index, bool own_only);
+  bool any_task() const;
   void worker_main(unsigned id);
-  void wake_workers();
 
   const Config &cfg_;
   const Registry &reg_;
@@ -54,7 +54,10 @@ class CpuExecutor final : public Executor {
   uint8_t *arena_ = nullptr;  // slot headers then payloads, mmap'ed lazily
   size_t arena_size_ = 0;
   MpmcQueue free_;
-  MpmcQueue run_;
+  MpmcQueue run_;  // tasks from application threads
+  // Tasks that a handler submits go to its worker's own queue, so that a
+  // waiting worker runs its own children first (see wait()).
+  std::unique_ptr<MpmcQueue[]> local_;
   std::vector<std::thread> workers_;
   std::atomic<bool> stopping_{false};
   alignas(64) std::atomic<uint32_t> idle_seq_{0};   // futex word of idle workers
