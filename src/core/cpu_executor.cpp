@@ -34,9 +34,15 @@ inline uint32_t state_of(uint32_t word) { return word & kStateMask; }
 // while every waited-for task still gets a thread that runs it.
 constexpr int kMaxHelpDepth = 16;
 
-thread_local const void *tls_pool = nullptr;
-thread_local uint32_t tls_worker = 0;
-thread_local int tls_help_depth = 0;
+// initial-exec: these are read on every submit and wait, and the default
+// TLS model of a shared library costs a call per access.
+#define CHI_TLS thread_local __attribute__((tls_model("initial-exec")))
+CHI_TLS const void *tls_pool = nullptr;
+CHI_TLS uint32_t tls_worker = 0;
+CHI_TLS int tls_help_depth = 0;
+
+// Spin loops read the clock once per this many polls (a read costs ~20-50 ns).
+constexpr unsigned kPollsPerClockRead = 32;
 
 }  // namespace
 
@@ -76,7 +82,7 @@ chi_status_t CpuExecutor::start() {
   run_.init(nslots_);
   local_.reset(new MpmcQueue[cfg_.workers]);
   for (uint32_t i = 0; i < cfg_.workers; ++i) local_[i].init(nslots_);
-  for (uint32_t i = 0; i < nslots_; ++i) free_.push(i);
+  for (uint32_t i = nslots_; i-- > 0;) free_.push(i);
   uint32_t n = cfg_.workers;
   try {
     for (uint32_t i = 0; i < n; ++i) workers_.emplace_back(&CpuExecutor::worker_main, this, i);
@@ -169,14 +175,21 @@ chi_status_t CpuExecutor::submit(chi_method_t method, const void *input, size_t 
   s->state.store(make_state(g, kPending), std::memory_order_relaxed);
   // Never full: a queue holds at most nslots_ entries.  The push publishes the slot.
   (worker ? local_[tls_worker] : run_).push(index);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (sleepers_.load(std::memory_order_relaxed) > 0) {
-    idle_seq_.fetch_add(1, std::memory_order_release);
-    futex_wake(&idle_seq_, 1);
-  }
+  notify_worker();
   *slot = index;
   *gen = g;
   return CHI_OK;
+}
+
+// Wakes a sleeping worker unless one is already spinning on the queues: a
+// spinning worker will take the task, and a futex wake costs microseconds.
+void CpuExecutor::notify_worker() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (spinners_.load(std::memory_order_seq_cst) > 0) return;
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+    idle_seq_.fetch_add(1, std::memory_order_release);
+    futex_wake(&idle_seq_, 1);
+  }
 }
 
 void CpuExecutor::run_task(uint32_t index) {
@@ -231,19 +244,23 @@ void CpuExecutor::worker_main(unsigned id) {
       run_task(index);
       continue;
     }
+    spinners_.fetch_add(1, std::memory_order_seq_cst);
     int64_t spin_end = now_ns() + cfg_.spin_ns;
     bool found = false;
-    while (now_ns() < spin_end) {
+    for (unsigned polls = 1;; ++polls) {
       if (any_task()) {
         found = true;
         break;
       }
+      if (polls % kPollsPerClockRead == 0 && now_ns() >= spin_end) break;
       cpu_relax();
     }
-    if (found) continue;
     // Sleep: announce it, then re-check, so a producer either sees us
-    // asleep or we see its task (both sides fence between write and read).
-    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    // spinning or asleep, or we see its task (both sides fence between
+    // their write and their read).
+    if (!found) sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    spinners_.fetch_sub(1, std::memory_order_seq_cst);
+    if (found) continue;
     uint32_t seq = idle_seq_.load(std::memory_order_seq_cst);
     if (any_task()) {
       sleepers_.fetch_sub(1, std::memory_order_relaxed);
@@ -278,7 +295,14 @@ chi_status_t CpuExecutor::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, 
   const bool own_only = tls_help_depth >= kMaxHelpDepth;
   int64_t spin_end = start + cfg_.spin_ns;
   uint32_t w = s->state.load(std::memory_order_acquire);
+  unsigned polls = 0;
   while (gen_of(w) == gen && state_of(w) == kPending) {
+    // Between clock reads, poll the word only: completion is seen sooner.
+    if (++polls % kPollsPerClockRead != 0 && !helper) {
+      cpu_relax();
+      w = s->state.load(std::memory_order_acquire);
+      continue;
+    }
     int64_t now = now_ns();
     if (timeout_ns >= 0 && now - start >= timeout_ns)
       return set_error(CHI_ERR_TIMEOUT, "task not finished within %lld ns", (long long)timeout_ns);

@@ -9,6 +9,7 @@
 
 #include "config/config.h"
 #include "core/executor.h"
+#include "core/free_stack.h"
 #include "core/mpmc_queue.h"
 #include "core/registry.h"
 
@@ -44,6 +45,7 @@ class CpuExecutor final : public Executor {
   bool pop_task(uint32_t *index, bool own_only);
   bool any_task() const;
   void worker_main(unsigned id);
+  void notify_worker();
 
   const Config &cfg_;
   const Registry &reg_;
@@ -53,7 +55,7 @@ class CpuExecutor final : public Executor {
   size_t slot_stride_;
   uint8_t *arena_ = nullptr;  // slot headers then payloads, mmap'ed lazily
   size_t arena_size_ = 0;
-  MpmcQueue free_;
+  FreeStack free_;
   MpmcQueue run_;  // tasks from application threads
   // Tasks that a handler submits go to its worker's own queue, so that a
   // waiting worker runs its own children first (see wait()).
@@ -62,6 +64,7 @@ class CpuExecutor final : public Executor {
   std::atomic<bool> stopping_{false};
   alignas(64) std::atomic<uint32_t> idle_seq_{0};   // futex word of idle workers
   alignas(64) std::atomic<int32_t> sleepers_{0};     // workers asleep on idle_seq_
+  std::atomic<int32_t> spinners_{0};                 // idle workers watching the queues
   alignas(64) std::atomic<uint32_t> free_seq_{0};   // futex word of blocked submitters
   std::atomic<int32_t> free_waiters_{0};
 };
