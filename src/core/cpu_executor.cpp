@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "api/error.h"
@@ -46,13 +47,16 @@ constexpr unsigned kPollsPerClockRead = 32;
 
 }  // namespace
 
-struct alignas(64) CpuExecutor::Slot {
+// A slot is [header | output | input]: the header and the start of the
+// output share a 128-byte line pair, so the waiter that sees the state word
+// change finds a small output already in its cache.
+struct CpuExecutor::Slot {
   std::atomic<uint32_t> state;
-  chi_method_t method;
-  uint32_t input_size;
-  uint32_t output_size;
   chi_status_t status;
+  uint32_t output_size;
+  chi_method_t method;
 };
+
 
 CpuExecutor::CpuExecutor(const Config &cfg, const Registry &reg, const void *owner)
     : cfg_(cfg), reg_(reg), owner_(owner) {}
@@ -66,9 +70,13 @@ chi_status_t CpuExecutor::start() {
   nslots_ = cfg_.queue_depth;
   payload_ = cfg_.max_inline_payload;
   // Input and output of a slot are separate so handlers never see aliasing;
-  // 64-byte alignment keeps slots off each other's cache lines.
-  slot_stride_ = ((2 * payload_) + 63) & ~size_t(63);
-  arena_size_ = size_t(nslots_) * sizeof(Slot) + size_t(nslots_) * slot_stride_;
+  // 128-byte alignment keeps slots off each other's line pairs.  Inputs up to
+  // RunQueue::kInline travel in the queue cell and are copied to the slot by
+  // the worker, so the input area must hold at least that much.
+  size_t in_size = std::max<size_t>(payload_, RunQueue::kInline);
+  slot_stride_ = ((sizeof(Slot) + payload_ + 63) & ~size_t(63)) + ((in_size + 63) & ~size_t(63));
+  slot_stride_ = (slot_stride_ + 127) & ~size_t(127);
+  arena_size_ = size_t(nslots_) * slot_stride_;
   // MAP_NORESERVE: pages are only touched (and resident) as slots are used.
   void *mem = mmap(nullptr, arena_size_, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -77,10 +85,10 @@ chi_status_t CpuExecutor::start() {
     return set_error(CHI_ERR_NOMEM, "cannot map %zu bytes of task slots", arena_size_);
   }
   arena_ = static_cast<uint8_t *>(mem);
-  for (uint32_t i = 0; i < nslots_; ++i) new (slot_at(i)) Slot{{make_state(0, kFree)}, 0, 0, 0, 0};
+  for (uint32_t i = 0; i < nslots_; ++i) new (slot_at(i)) Slot{{make_state(0, kFree)}, 0, 0, 0};
   free_.init(nslots_);
   run_.init(nslots_);
-  local_.reset(new MpmcQueue[cfg_.workers]);
+  local_.reset(new RunQueue[cfg_.workers]);
   for (uint32_t i = 0; i < cfg_.workers; ++i) local_[i].init(nslots_);
   for (uint32_t i = nslots_; i-- > 0;) free_.push(i);
   uint32_t n = cfg_.workers;
@@ -103,14 +111,20 @@ void CpuExecutor::shutdown() {
 }
 
 CpuExecutor::Slot *CpuExecutor::slot_at(uint32_t index) const {
-  return reinterpret_cast<Slot *>(arena_ + size_t(index) * sizeof(Slot));
+  return reinterpret_cast<Slot *>(arena_ + size_t(index) * slot_stride_);
+}
+
+uint8_t *CpuExecutor::output_of(uint32_t index) const {
+  return arena_ + size_t(index) * slot_stride_ + sizeof(Slot);
 }
 
 uint8_t *CpuExecutor::input_of(uint32_t index) const {
-  return arena_ + size_t(nslots_) * sizeof(Slot) + size_t(index) * slot_stride_;
+  return output_of(index) + ((sizeof(Slot) + payload_ + 63) & ~size_t(63)) - sizeof(Slot);
 }
 
-uint8_t *CpuExecutor::output_of(uint32_t index) const { return input_of(index) + payload_; }
+uint8_t *CpuExecutor::input_dst(void *self, uint32_t slot) {
+  return static_cast<CpuExecutor *>(self)->input_of(slot);
+}
 
 bool CpuExecutor::on_worker_thread() const { return tls_pool == this; }
 
@@ -168,13 +182,11 @@ chi_status_t CpuExecutor::submit(chi_method_t method, const void *input, size_t 
   Slot *s = slot_at(index);
   uint32_t g = (gen_of(s->state.load(std::memory_order_relaxed)) + 1) & kGenMask;
   s->method = method;
-  s->input_size = uint32_t(input_size);
-  s->output_size = 0;
-  s->status = CHI_OK;
-  if (input_size) std::memcpy(input_of(index), input, input_size);
+  if (input_size > RunQueue::kInline) std::memcpy(input_of(index), input, input_size);
   s->state.store(make_state(g, kPending), std::memory_order_relaxed);
   // Never full: a queue holds at most nslots_ entries.  The push publishes the slot.
-  (worker ? local_[tls_worker] : run_).push(index);
+  QueuedTask task{index, method, uint32_t(input_size)};
+  (worker ? local_[tls_worker] : run_).push(task, input);
   notify_worker();
   *slot = index;
   *gen = g;
@@ -192,11 +204,12 @@ void CpuExecutor::notify_worker() {
   }
 }
 
-void CpuExecutor::run_task(uint32_t index) {
+void CpuExecutor::run_task(const QueuedTask &task) {
+  const uint32_t index = task.slot;
   Slot *s = slot_at(index);
   size_t out_size = 0;
-  chi_status_t st = run_cpu_handler(reg_, s->method, CHI_ROUTE_CPU, input_of(index),
-                                    s->input_size, output_of(index), payload_, &out_size);
+  chi_status_t st = run_cpu_handler(reg_, task.method, CHI_ROUTE_CPU, input_of(index),
+                                    task.input_size, output_of(index), payload_, &out_size);
   s->status = st;
   s->output_size = uint32_t(out_size);
   uint32_t cur = s->state.load(std::memory_order_relaxed);
@@ -214,16 +227,16 @@ void CpuExecutor::run_task(uint32_t index) {
   if (cur & kSleeper) futex_wake(&s->state);
 }
 
-bool CpuExecutor::pop_task(uint32_t *index, bool own_only) {
+bool CpuExecutor::pop_task(QueuedTask *task, bool own_only) {
   const bool worker = on_worker_thread();
-  if (worker && local_[tls_worker].pop(index)) return true;
+  if (worker && local_[tls_worker].pop(task, input_dst, this)) return true;
   if (own_only) return false;
-  if (run_.pop(index)) return true;
+  if (run_.pop(task, input_dst, this)) return true;
   // Steal children that busy handlers queued on their own workers.
   uint32_t n = cfg_.workers, start = worker ? tls_worker + 1 : 0;
   for (uint32_t k = 0; k < n; ++k) {
     uint32_t w = (start + k) % n;
-    if (local_[w].pop(index)) return true;
+    if (local_[w].pop(task, input_dst, this)) return true;
   }
   return false;
 }
@@ -239,9 +252,9 @@ void CpuExecutor::worker_main(unsigned id) {
   tls_pool = this;
   tls_worker = id;
   for (;;) {
-    uint32_t index;
-    if (pop_task(&index, false)) {
-      run_task(index);
+    QueuedTask task;
+    if (pop_task(&task, false)) {
+      run_task(task);
       continue;
     }
     spinners_.fetch_add(1, std::memory_order_seq_cst);
@@ -309,10 +322,10 @@ chi_status_t CpuExecutor::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, 
     if (helper) {
       // A worker waiting on a task helps run the queue, so a pool whose every
       // worker waits on nested tasks still makes progress.
-      uint32_t index;
-      if (pop_task(&index, own_only)) {
+      QueuedTask task;
+      if (pop_task(&task, own_only)) {
         ++tls_help_depth;
-        run_task(index);
+        run_task(task);
         --tls_help_depth;
         w = s->state.load(std::memory_order_acquire);
         continue;

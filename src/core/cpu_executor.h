@@ -10,7 +10,7 @@
 #include "config/config.h"
 #include "core/executor.h"
 #include "core/free_stack.h"
-#include "core/mpmc_queue.h"
+#include "core/run_queue.h"
 #include "core/registry.h"
 
 namespace chi {
@@ -41,8 +41,9 @@ class CpuExecutor final : public Executor {
   chi_status_t check(uint32_t slot, uint32_t gen) const;
   bool acquire_slot(uint32_t *index, bool may_block);
   void free_slot(uint32_t index);
-  void run_task(uint32_t index);
-  bool pop_task(uint32_t *index, bool own_only);
+  void run_task(const QueuedTask &task);
+  bool pop_task(QueuedTask *task, bool own_only);
+  static uint8_t *input_dst(void *self, uint32_t slot);
   bool any_task() const;
   void worker_main(unsigned id);
   void notify_worker();
@@ -53,13 +54,13 @@ class CpuExecutor final : public Executor {
   uint32_t nslots_;
   size_t payload_;
   size_t slot_stride_;
-  uint8_t *arena_ = nullptr;  // slot headers then payloads, mmap'ed lazily
+  uint8_t *arena_ = nullptr;  // slots (header, output, input), mmap'ed lazily
   size_t arena_size_ = 0;
   FreeStack free_;
-  MpmcQueue run_;  // tasks from application threads
+  RunQueue run_;  // tasks from application threads
   // Tasks that a handler submits go to its worker's own queue, so that a
   // waiting worker runs its own children first (see wait()).
-  std::unique_ptr<MpmcQueue[]> local_;
+  std::unique_ptr<RunQueue[]> local_;
   std::vector<std::thread> workers_;
   std::atomic<bool> stopping_{false};
   alignas(64) std::atomic<uint32_t> idle_seq_{0};   // futex word of idle workers
