@@ -76,6 +76,13 @@ static CHI_TEST_UNUSED void chi_test_clean_env(void) {
   }
 }
 
+/* Runs a group; $CHI_TEST_FILTER (a cmocka pattern such as "test_nested*")
+ * picks the tests to run. */
+#define chi_test_run(name, tests)                                          \
+  (chi_test_clean_env(),                                                   \
+   getenv("CHI_TEST_FILTER") ? cmocka_set_test_filter(getenv("CHI_TEST_FILTER")) : (void)0, \
+   cmocka_run_group_tests_name(name, tests, NULL, NULL))
+
 /* Writes text to a new file $TMPDIR/chi-test-XXXXXX.yaml; path receives its
  * name (the caller unlinks it). */
 static CHI_TEST_UNUSED void chi_test_write_yaml(const char *text, char *path, size_t cap) {

@@ -1,0 +1,26 @@
+// CPU->CPU routes through the public API: one task at a time (latency) and
+// pipelined submitters (throughput), chi.echo with opt.payload bytes each way.
+#pragma once
+
+#include "bench_row.h"
+
+namespace chi_bench {
+
+// PERF.md targets for CPU->CPU, embedded.
+inline constexpr double kCpuTargetP50Ns = 1000.0;
+inline constexpr double kCpuTargetThroughput = 20e6;
+
+// opt.warmup untimed then opt.iters timed round trips (chi_submit + chi_wait),
+// each output compared with its input.
+void cpu_latency(chi_runtime_t *rt, chi_route_t route, const char *name, const char *route_name,
+                 const chi_bench_options &opt, chi_bench_row *row);
+
+// `threads` submitters share opt.tput_tasks tasks; each keeps opt.window
+// futures outstanding (waits for the oldest, then submits the next).  The row
+// gets tasks/s over the timed part and, from one task in 16, the latency from
+// submit to collected result under that load.
+void cpu_throughput(chi_runtime_t *rt, chi_route_t route, const char *name,
+                    const char *route_name, uint32_t threads, const chi_bench_options &opt,
+                    chi_bench_row *row);
+
+}  // namespace chi_bench

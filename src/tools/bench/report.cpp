@@ -1,0 +1,206 @@
+#include "report.h"
+
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+
+#include "chimaera.h"
+#include "tool_util.h"
+
+namespace chi_bench {
+namespace {
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      size_t colon = line.find(':');
+      if (colon != std::string::npos) {
+        size_t start = line.find_first_not_of(' ', colon + 1);
+        return start == std::string::npos ? std::string() : line.substr(start);
+      }
+    }
+  }
+  return "unknown";
+}
+
+void json_string(std::FILE *out, const char *s) {
+  std::fputc('"', out);
+  for (const unsigned char *p = reinterpret_cast<const unsigned char *>(s); *p; p++) {
+    switch (*p) {
+      case '"': std::fputs("\\\"", out); break;
+      case '\\': std::fputs("\\\\", out); break;
+      case '\n': std::fputs("\\n", out); break;
+      case '\t': std::fputs("\\t", out); break;
+      default:
+        if (*p < 0x20)
+          std::fprintf(out, "\\u%04x", *p);
+        else
+          std::fputc(*p, out);
+    }
+  }
+  std::fputc('"', out);
+}
+
+// JSON has no NaN: unmeasured numbers are null.
+void json_number(std::FILE *out, double v, const char *fmt = "%.1f") {
+  if (std::isnan(v) || std::isinf(v))
+    std::fputs("null", out);
+  else
+    std::fprintf(out, fmt, v);
+}
+
+void cell_us(std::FILE *out, double ns) {
+  if (std::isnan(ns))
+    std::fprintf(out, " %9s", "-");
+  else
+    std::fprintf(out, " %9.3f", ns / 1000.0);
+}
+
+}  // namespace
+
+Machine probe_machine(int32_t gpus, int32_t workers, bool pinned) {
+  Machine m;
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) == 0) m.hostname = host;
+  struct utsname u;
+  if (uname(&u) == 0) m.os = std::string(u.sysname) + " " + u.release + " " + u.machine;
+  m.cpu_model = cpu_model();
+  std::time_t now = std::time(nullptr);
+  struct tm tm;
+  char stamp[32] = {};
+  if (gmtime_r(&now, &tm)) std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  m.timestamp = stamp;
+  m.online_cpus = chi_tool_online_cpus();
+  m.gpus = gpus;
+  m.workers = workers;
+  m.pinned = pinned;
+  m.clock_ns = chi_tool_clock_overhead_ns();
+  return m;
+}
+
+void link_floors(std::vector<chi_bench_row> &rows) {
+  for (auto &row : rows) {
+    if (row.floor[0] == '\0') continue;
+    for (const auto &f : rows) {
+      if (f.kind != CHI_BENCH_FLOOR || std::strcmp(f.name, row.floor) != 0) continue;
+      row.floor_p50_ns = f.p50_ns;
+      // A throughput row's p50 is latency under load, not a round trip: no ratio.
+      if (row.kind != CHI_BENCH_THROUGHPUT && f.p50_ns > 0) row.ratio = row.p50_ns / f.p50_ns;
+      break;
+    }
+  }
+}
+
+void print_table(std::FILE *out, const Machine &m, const chi_bench_options &opt,
+                 const std::vector<chi_bench_row> &rows) {
+  std::fprintf(out, "chimaera-bench %s on %s: %u CPUs (%s), %d GPU(s), workers %s%s\n",
+               chi_version_string(), m.hostname.c_str(), m.online_cpus, m.cpu_model.c_str(),
+               m.gpus, m.workers ? std::to_string(m.workers).c_str() : "default",
+               m.pinned ? ", pinned" : "");
+  std::fprintf(out,
+               "%llu timed round trips after %llu warm-up; %u-byte payload; throughput: %llu "
+               "tasks, window %u; one clock read: %.0f ns\n\n",
+               static_cast<unsigned long long>(opt.iters),
+               static_cast<unsigned long long>(opt.warmup), opt.payload,
+               static_cast<unsigned long long>(opt.tput_tasks), opt.window, m.clock_ns);
+  std::fprintf(out, "%-26s %-10s %3s %8s %9s %9s %9s %9s %8s  %s\n", "row", "kind", "thr",
+               "count", "p50 us", "p99 us", "mean us", "Mops/s", "vs floor", "target");
+  for (const auto &r : rows) {
+    if (r.status != CHI_OK) {
+      std::fprintf(out, "%-26s %-10s FAILED: %s (%s)\n", r.name, chi_bench_kind_name(r.kind),
+                   chi_status_string(r.status), r.error);
+      continue;
+    }
+    std::fprintf(out, "%-26s %-10s %3u %8llu", r.name, chi_bench_kind_name(r.kind), r.threads,
+                 static_cast<unsigned long long>(r.count));
+    cell_us(out, r.p50_ns);
+    cell_us(out, r.p99_ns);
+    cell_us(out, r.mean_ns);
+    if (std::isnan(r.throughput))
+      std::fprintf(out, " %9s", "-");
+    else
+      std::fprintf(out, " %9.3f", r.throughput / 1e6);
+    if (std::isnan(r.ratio))
+      std::fprintf(out, " %8s", "-");
+    else
+      std::fprintf(out, " %7.1fx", r.ratio);
+    if (!std::isnan(r.target_p50_ns))
+      std::fprintf(out, "  p50 <= %.2f us", r.target_p50_ns / 1000.0);
+    else if (!std::isnan(r.target_throughput))
+      std::fprintf(out, "  >= %.1f Mops/s", r.target_throughput / 1e6);
+    std::fputc('\n', out);
+  }
+  std::fprintf(out,
+               "\nvs floor: p50 / p50 of the floor row (%s for CPU routes), measured in this "
+               "run.\nthroughput rows: p50/p99 are submit-to-result latency under load (1 task "
+               "in 16).\n",
+               "floor.cpu_pingpong");
+}
+
+void print_json(std::FILE *out, const Machine &m, const chi_bench_options &opt,
+                const std::vector<chi_bench_row> &rows) {
+  bool ok = true;
+  for (const auto &r : rows) ok = ok && r.status == CHI_OK;
+  std::fputs("{\n  \"tool\": \"chimaera-bench\",\n  \"chimaera_version\": ", out);
+  json_string(out, chi_version_string());
+  std::fputs(",\n  \"machine\": {\"hostname\": ", out);
+  json_string(out, m.hostname.c_str());
+  std::fputs(", \"os\": ", out);
+  json_string(out, m.os.c_str());
+  std::fputs(", \"cpu_model\": ", out);
+  json_string(out, m.cpu_model.c_str());
+  std::fprintf(out,
+               ", \"online_cpus\": %u, \"gpus\": %d, \"workers\": %d, \"pinned\": %s, "
+               "\"clock_overhead_ns\": %.1f, \"cuda\": %s, \"hip\": %s, \"timestamp\": ",
+               m.online_cpus, m.gpus, m.workers, m.pinned ? "true" : "false", m.clock_ns,
+               CHI_HAVE_CUDA ? "true" : "false", CHI_HAVE_HIP ? "true" : "false");
+  json_string(out, m.timestamp.c_str());
+  std::fprintf(out,
+               "},\n  \"options\": {\"iters\": %llu, \"warmup\": %llu, \"tput_tasks\": %llu, "
+               "\"window\": %u, \"threads\": %u, \"payload_bytes\": %u},\n  \"rows\": [\n",
+               static_cast<unsigned long long>(opt.iters),
+               static_cast<unsigned long long>(opt.warmup),
+               static_cast<unsigned long long>(opt.tput_tasks), opt.window, opt.threads,
+               opt.payload);
+  for (size_t i = 0; i < rows.size(); i++) {
+    const auto &r = rows[i];
+    std::fputs("    {\"name\": ", out);
+    json_string(out, r.name);
+    std::fprintf(out, ", \"kind\": \"%s\", \"route\": ", chi_bench_kind_name(r.kind));
+    json_string(out, r.route);
+    std::fputs(", \"method\": ", out);
+    json_string(out, r.method);
+    std::fprintf(out, ", \"payload_bytes\": %u, \"threads\": %u, \"window\": %u, \"count\": %llu",
+                 r.payload_bytes, r.threads, r.window, static_cast<unsigned long long>(r.count));
+    std::fputs(", \"p50_ns\": ", out);
+    json_number(out, r.p50_ns);
+    std::fputs(", \"p99_ns\": ", out);
+    json_number(out, r.p99_ns);
+    std::fputs(", \"mean_ns\": ", out);
+    json_number(out, r.mean_ns);
+    std::fputs(", \"throughput_per_s\": ", out);
+    json_number(out, r.throughput, "%.0f");
+    std::fputs(", \"floor\": ", out);
+    json_string(out, r.floor);
+    std::fputs(", \"floor_p50_ns\": ", out);
+    json_number(out, r.floor_p50_ns);
+    std::fputs(", \"ratio\": ", out);
+    json_number(out, r.ratio, "%.3f");
+    std::fputs(", \"target_p50_ns\": ", out);
+    json_number(out, r.target_p50_ns);
+    std::fputs(", \"target_throughput_per_s\": ", out);
+    json_number(out, r.target_throughput, "%.0f");
+    std::fprintf(out, ", \"status\": %d, \"error\": ", r.status);
+    json_string(out, r.error);
+    std::fprintf(out, "}%s\n", i + 1 < rows.size() ? "," : "");
+  }
+  std::fprintf(out, "  ],\n  \"ok\": %s\n}\n", ok ? "true" : "false");
+}
+
+}  // namespace chi_bench

@@ -1,0 +1,39 @@
+# Core runtime on CPU routes, and the install-consumer test.
+
+chi_add_test(test_api SOURCES test_api.c TIMEOUT 120 LABELS core)
+chi_add_test(test_concurrency SOURCES test_concurrency.c TIMEOUT 300 LABELS core)
+chi_add_test(test_finalize SOURCES test_finalize.c TIMEOUT 120 LABELS core)
+chi_add_test(test_memory SOURCES test_memory.c TIMEOUT 120 LABELS core)
+chi_add_test(test_modules SOURCES test_modules.c TIMEOUT 120 LABELS core)
+
+# The sample module, built three ways from one file (see module_sample.c).
+foreach(variant sample nosym fail)
+  add_library(chi_test_module_${variant} MODULE module_sample.c)
+  target_link_libraries(chi_test_module_${variant} PRIVATE chimaera::chimaera)
+  add_dependencies(test_modules chi_test_module_${variant})
+endforeach()
+target_compile_definitions(chi_test_module_nosym PRIVATE SAMPLE_NO_INIT)
+target_compile_definitions(chi_test_module_fail PRIVATE SAMPLE_INIT_FAILS)
+target_compile_definitions(test_modules PRIVATE
+  SAMPLE_MODULE_PATH="$<TARGET_FILE:chi_test_module_sample>"
+  SAMPLE_NOSYM_PATH="$<TARGET_FILE:chi_test_module_nosym>"
+  SAMPLE_FAIL_PATH="$<TARGET_FILE:chi_test_module_fail>")
+
+# Sanitizers slow the threaded programs down about tenfold (thread) or
+# threefold (address); fewer iterations keep them within their timeouts.
+set(chi_core_tests test_api test_concurrency test_finalize test_memory test_modules)
+set(chi_consumer_flags "")
+if(CHI_SANITIZE STREQUAL "thread")
+  set_tests_properties(${chi_core_tests} PROPERTIES ENVIRONMENT "CHI_TEST_SCALE=0.1")
+  set(chi_consumer_flags "-fsanitize=thread")
+elseif(CHI_SANITIZE STREQUAL "address")
+  set_tests_properties(${chi_core_tests} PROPERTIES ENVIRONMENT "CHI_TEST_SCALE=0.3")
+  set(chi_consumer_flags "-fsanitize=address,undefined")
+endif()
+
+add_test(NAME test_install
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/install/run_install_test.sh
+    ${PROJECT_BINARY_DIR} ${CMAKE_CURRENT_BINARY_DIR}/install-test
+    ${CMAKE_C_COMPILER} ${CMAKE_CXX_COMPILER} ${CMAKE_COMMAND} "${CMAKE_GENERATOR}"
+    "${chi_consumer_flags}")
+set_tests_properties(test_install PROPERTIES TIMEOUT 300 LABELS install)
