@@ -1,0 +1,46 @@
+// The host runtime API the GPU backend calls, spelled the CUDA way; a HIP
+// build maps each name to its hip* twin here, so the host sources stay one.
+#pragma once
+
+#include "chimaera/config.h"
+
+#if CHI_HAVE_HIP
+#include <hip/hip_runtime_api.h>
+#define cudaError_t hipError_t
+#define cudaSuccess hipSuccess
+#define cudaErrorNotReady hipErrorNotReady
+#define cudaStream_t hipStream_t
+#define cudaStreamNonBlocking hipStreamNonBlocking
+#define cudaPointerAttributes hipPointerAttribute_t
+#define cudaMemoryTypeDevice hipMemoryTypeDevice
+#define cudaMemcpyHostToDevice hipMemcpyHostToDevice
+#define cudaMemcpyDefault hipMemcpyDefault
+#define cudaHostAllocMapped hipHostMallocMapped
+#define cudaHostAllocPortable hipHostMallocPortable
+#define cudaDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
+#define cudaDevAttrComputeCapabilityMajor hipDeviceAttributeComputeCapabilityMajor
+#define cudaDevAttrUnifiedAddressing hipDeviceAttributeUnifiedAddressing
+#define cudaGetDeviceCount hipGetDeviceCount
+#define cudaGetDevice hipGetDevice
+#define cudaSetDevice hipSetDevice
+#define cudaDeviceGetAttribute hipDeviceGetAttribute
+#define cudaGetErrorString hipGetErrorString
+#define cudaGetLastError hipGetLastError
+#define cudaStreamCreateWithFlags hipStreamCreateWithFlags
+#define cudaStreamDestroy hipStreamDestroy
+#define cudaStreamSynchronize hipStreamSynchronize
+#define cudaStreamQuery hipStreamQuery
+#define cudaHostAlloc hipHostMalloc
+#define cudaFreeHost hipHostFree
+#define cudaHostGetDevicePointer hipHostGetDevicePointer
+#define cudaMalloc hipMalloc
+#define cudaFree hipFree
+#define cudaMemsetAsync hipMemsetAsync
+#define cudaMemcpyAsync hipMemcpyAsync
+#define cudaPointerGetAttributes hipPointerGetAttributes
+// ROCm 5 names the field memoryType (ROCm 6: type).
+#define CHI_POINTER_TYPE(a) ((a).memoryType)
+#else
+#include <cuda_runtime_api.h>
+#define CHI_POINTER_TYPE(a) ((a).type)
+#endif

@@ -1,0 +1,438 @@
+#include "gpu/gpu_device.h"
+
+#include <time.h>
+
+#include <cstring>
+#include <mutex>
+
+#include "api/error.h"
+#include "core/futex.h"
+#include "core/log.h"
+#include "core/registry.h"
+#include "core/runtime.h"
+#include "gpu/kernels.h"
+
+namespace chi::gpu {
+
+namespace {
+
+// How long pause waits for the orchestrator to exit before declaring it hung.
+constexpr int64_t kStopTimeoutNs = 60ll * 1000000000;
+// How long chi_finalize waits for queued CPU->GPU tasks.
+constexpr int64_t kDrainTimeoutNs = 10ll * 1000000000;
+
+void sleep_ns(long ns) {
+  timespec ts{0, ns};
+  nanosleep(&ts, nullptr);
+}
+
+// Hands out aligned offsets inside one allocation.
+struct Carver {
+  size_t size = 0;
+  size_t take(size_t n, size_t align = 256) {
+    size = (size + align - 1) & ~(align - 1);
+    size_t at = size;
+    size += n;
+    return at;
+  }
+};
+
+}  // namespace
+
+DeviceGuard::DeviceGuard(int ordinal) : want_(ordinal) {
+  if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
+  if (prev_ != want_) (void)cudaSetDevice(want_);
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (prev_ >= 0 && prev_ != want_) (void)cudaSetDevice(prev_);
+}
+
+chi_status_t cuda_error(chi_status_t status, int32_t gpu, const char *what, cudaError_t e) {
+  return set_error(status, "GPU %d: %s: %s", gpu, what, cudaGetErrorString(e));
+}
+
+GpuDevice::GpuDevice(Runtime &rt, int32_t id, int ordinal) : rt_(rt), id_(id), ordinal_(ordinal) {}
+
+GpuDevice::~GpuDevice() {
+  shutdown();
+  if (kernel_gone_) release_memory();
+}
+
+chi_status_t GpuDevice::allocate() {
+  DeviceGuard guard(ordinal_);
+  int sms = 0;
+  if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ordinal_);
+      e != cudaSuccess)
+    return cuda_error(CHI_ERR_INTERNAL, id_, "reading the SM count", e);
+  shape_ = make_shape(rt_.config(), sms);
+  const Shape &s = shape_;
+  for (cudaStream_t *st : {&orch_stream_, &ctl_stream_})
+    if (cudaError_t e = cudaStreamCreateWithFlags(st, cudaStreamNonBlocking); e != cudaSuccess)
+      return cuda_error(CHI_ERR_INTERNAL, id_, "creating a stream", e);
+
+  const uint64_t rec = CHI_DEV_LL_WORDS * sizeof(uint64_t);
+  const bool bufs = s.max_payload > CHI_DEV_LL_INLINE;
+  Carver hc;
+  size_t h2d_ring = hc.take(s.h2d_ring_entries * rec);
+  size_t h2d_done = hc.take(s.h2d_slots * rec);
+  size_t h2d_buf = bufs ? hc.take(s.h2d_slots * s.payload_stride) : 0;
+  size_t d2h_ring = hc.take(s.d2h_ring_entries * rec);
+  size_t d2h_reply = hc.take(s.dslots * rec);
+  size_t d2h_buf = bufs ? hc.take(s.dslots * s.payload_stride) : 0;
+  size_t stop = hc.take(64);
+  if (cudaError_t e = cudaHostAlloc(reinterpret_cast<void **>(&pinned_), hc.size,
+                                    cudaHostAllocPortable | cudaHostAllocMapped);
+      e != cudaSuccess) {
+    pinned_ = nullptr;
+    return cuda_error(CHI_ERR_NOMEM, id_, "allocating pinned host memory", e);
+  }
+  std::memset(pinned_, 0, hc.size);
+  uint8_t *pdev = nullptr;
+  if (cudaError_t e = cudaHostGetDevicePointer(reinterpret_cast<void **>(&pdev), pinned_, 0);
+      e != cudaSuccess)
+    return cuda_error(CHI_ERR_INTERNAL, id_, "mapping pinned memory", e);
+  stop_src_ = reinterpret_cast<uint32_t *>(pinned_ + stop);
+
+  Carver dc;
+  size_t state = dc.take(sizeof(chi_dev_orch_state_t));
+  size_t control = dc.take(64);
+  size_t next = dc.take(s.h2d_pollers * sizeof(uint64_t));
+  size_t dispatch = dc.take(kMaxMethods * sizeof(int32_t));
+  size_t scratch = dc.take(s.nwarps * 2 * s.payload_stride);
+  size_t d2d_slots = dc.take(s.dslots * (CHI_DEV_SLOT_HEADER + 2 * s.payload_stride));
+  size_t d2d_state = dc.take(s.dslots * sizeof(uint32_t));
+  size_t d2d_bitmap = dc.take(s.dslots / 8);
+  size_t d2d_cells = dc.take(s.dslots * sizeof(uint64_t));
+  size_t d2d_head = dc.take(128);
+  size_t d2d_tail = dc.take(128);
+  size_t d2h_state = dc.take(s.dslots * sizeof(uint32_t));
+  size_t d2h_bitmap = dc.take(s.dslots / 8);
+  size_t d2h_tail = dc.take(128);
+  size_t regions = dc.take(sizeof(chi_dev_regions_t));
+  size_t stage = dc.take(CHI_DEV_MAX_REGIONS * sizeof(chi_dev_region_t));
+  if (cudaError_t e = cudaMalloc(reinterpret_cast<void **>(&dev_), dc.size); e != cudaSuccess) {
+    dev_ = nullptr;
+    return cuda_error(CHI_ERR_NOMEM, id_, "allocating device memory", e);
+  }
+  state_ = reinterpret_cast<chi_dev_orch_state_t *>(dev_ + state);
+  control_ = reinterpret_cast<uint32_t *>(dev_ + control);
+  dispatch_ = reinterpret_cast<int32_t *>(dev_ + dispatch);
+  region_stage_ = reinterpret_cast<chi_dev_region_t *>(dev_ + stage);
+
+  chi_dev_ctx_layout_t &l = layout_;
+  l.magic = CHI_DEV_CTX_MAGIC;
+  l.gpu = id_;
+  l.max_payload = s.max_payload;
+  l.slots = s.dslots;
+  l.payload_stride = s.payload_stride;
+  l.d2d_slots = dev_ + d2d_slots;
+  l.d2d_state = reinterpret_cast<uint32_t *>(dev_ + d2d_state);
+  l.d2d_bitmap = reinterpret_cast<uint32_t *>(dev_ + d2d_bitmap);
+  l.d2d_cells = reinterpret_cast<uint64_t *>(dev_ + d2d_cells);
+  l.d2d_head = reinterpret_cast<uint64_t *>(dev_ + d2d_head);
+  l.d2d_tail = reinterpret_cast<uint64_t *>(dev_ + d2d_tail);
+  l.d2h_ring = reinterpret_cast<uint64_t *>(pdev + d2h_ring);
+  l.d2h_reply = reinterpret_cast<uint64_t *>(pdev + d2h_reply);
+  l.d2h_buf = bufs ? pdev + d2h_buf : nullptr;
+  l.d2h_state = reinterpret_cast<uint32_t *>(dev_ + d2h_state);
+  l.d2h_bitmap = reinterpret_cast<uint32_t *>(dev_ + d2h_bitmap);
+  l.d2h_tail = reinterpret_cast<uint64_t *>(dev_ + d2h_tail);
+  l.regions = reinterpret_cast<chi_dev_regions_t *>(dev_ + regions);
+  l.d2h_ring_entries = s.d2h_ring_entries;
+
+  chi_dev_orch_state_t os;
+  std::memset(&os, 0, sizeof os);
+  std::memcpy(&os.ctx, &layout_, sizeof layout_);
+  os.abi = CHI_DEV_ABI_VERSION;
+  os.nwarps = s.nwarps;
+  os.h2d_pollers = s.h2d_pollers;
+  os.h2d_slots = s.h2d_slots;
+  os.h2d_ring_entries = s.h2d_ring_entries;
+  os.ndispatch = kMaxMethods;
+  os.h2d_ring = reinterpret_cast<uint64_t *>(pdev + h2d_ring);
+  os.h2d_done = reinterpret_cast<uint64_t *>(pdev + h2d_done);
+  os.h2d_buf = bufs ? pdev + h2d_buf : nullptr;
+  os.control = control_;
+  os.h2d_next = reinterpret_cast<uint64_t *>(dev_ + next);
+  os.dispatch = dispatch_;
+  os.scratch = dev_ + scratch;
+
+  // Run-queue cell i starts free for ticket i; no method has a user handler yet.
+  std::vector<uint64_t> cells(s.dslots);
+  for (uint32_t i = 0; i < s.dslots; ++i) cells[i] = uint64_t(i) << 32;
+  std::vector<int32_t> none(kMaxMethods, -1);
+  // Polling warp p serves tickets p, p + pollers, ...
+  std::vector<uint64_t> first(s.h2d_pollers);
+  for (uint32_t p = 0; p < s.h2d_pollers; ++p) first[p] = p;
+  cudaError_t e = cudaMemsetAsync(dev_, 0, dc.size, ctl_stream_);
+  if (e == cudaSuccess)
+    e = cudaMemcpyAsync(l.d2d_cells, cells.data(), cells.size() * sizeof(uint64_t),
+                        cudaMemcpyHostToDevice, ctl_stream_);
+  if (e == cudaSuccess)
+    e = cudaMemcpyAsync(dispatch_, none.data(), none.size() * sizeof(int32_t),
+                        cudaMemcpyHostToDevice, ctl_stream_);
+  if (e == cudaSuccess)
+    e = cudaMemcpyAsync(os.h2d_next, first.data(), first.size() * sizeof(uint64_t),
+                        cudaMemcpyHostToDevice, ctl_stream_);
+  if (e == cudaSuccess)
+    e = cudaMemcpyAsync(state_, &os, sizeof os, cudaMemcpyHostToDevice, ctl_stream_);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(ctl_stream_);
+  if (e != cudaSuccess) return cuda_error(CHI_ERR_INTERNAL, id_, "initializing device memory", e);
+
+  exec_ = std::make_unique<H2dExecutor>(rt_, id_, s, reinterpret_cast<uint64_t *>(pinned_ + h2d_ring),
+                                        reinterpret_cast<uint64_t *>(pinned_ + h2d_done),
+                                        bufs ? pinned_ + h2d_buf : nullptr);
+  poller_ = std::make_unique<CpuPoller>(rt_, id_, s, reinterpret_cast<uint64_t *>(pinned_ + d2h_ring),
+                                        reinterpret_cast<uint64_t *>(pinned_ + d2h_reply),
+                                        bufs ? pinned_ + d2h_buf : nullptr, exec_.get());
+  log(LogLevel::kInfo,
+      "GPU %d (CUDA device %d): orchestrator %u x %u threads, %u polling warps; %u CPU->GPU "
+      "slots, %u device slots, %u CPU pollers; %.1f MiB pinned, %.1f MiB device",
+      id_, ordinal_, s.blocks, s.threads, s.h2d_pollers, s.h2d_slots, s.dslots, s.cpu_pollers,
+      hc.size / 1048576.0, dc.size / 1048576.0);
+  return CHI_OK;
+}
+
+chi_status_t GpuDevice::start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (chi_status_t s = allocate(); s != CHI_OK) return s;
+  poller_->start();
+  launcher_ = launch_builtin;
+  return launch_locked();
+}
+
+void GpuDevice::context(chi_dev_context_t *ctx) const {
+  std::memset(ctx, 0, sizeof *ctx);
+  std::memcpy(ctx, &layout_, sizeof layout_);
+}
+
+chi_status_t GpuDevice::write_stop(uint32_t value) {
+  DeviceGuard guard(ordinal_);
+  *stop_src_ = value;
+  cudaError_t e = cudaMemcpyAsync(control_, stop_src_, sizeof(uint32_t), cudaMemcpyHostToDevice,
+                                  ctl_stream_);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(ctl_stream_);
+  if (e != cudaSuccess) {
+    broken_ = true;
+    return cuda_error(CHI_ERR_INTERNAL, id_, "writing the stop flag", e);
+  }
+  return CHI_OK;
+}
+
+chi_status_t GpuDevice::launch_locked() {
+  DeviceGuard guard(ordinal_);
+  chi_gpu_launch_t l;
+  l.struct_size = sizeof l;
+  l.gpu = id_;
+  l.stream = orch_stream_;
+  l.blocks = shape_.blocks;
+  l.threads_per_block = shape_.threads;
+  l.state = state_;
+  chi_status_t s = launcher_(&l);
+  if (s != CHI_OK) {
+    cudaError_t e = cudaGetLastError();
+    return set_error(CHI_ERR_INTERNAL, "GPU %d: orchestrator launch failed (%d): %s", id_, s,
+                     cudaGetErrorString(e));
+  }
+  running_ = true;
+  return CHI_OK;
+}
+
+chi_status_t GpuDevice::pause_locked() {
+  if (!running_) return CHI_OK;
+  if (broken_) return set_error(CHI_ERR_INTERNAL, "GPU %d: orchestrator failed earlier", id_);
+  if (chi_status_t s = write_stop(1); s != CHI_OK) return s;
+  DeviceGuard guard(ordinal_);
+  const int64_t t0 = now_ns();
+  for (long nap = 2000;; nap = nap < 200000 ? nap * 2 : nap) {
+    cudaError_t e = cudaStreamQuery(orch_stream_);
+    if (e == cudaSuccess) break;
+    if (e != cudaErrorNotReady) {
+      broken_ = true;
+      running_ = false;
+      return cuda_error(CHI_ERR_INTERNAL, id_, "orchestrator kernel failed", e);
+    }
+    if (now_ns() - t0 > kStopTimeoutNs) {
+      broken_ = true;
+      return set_error(CHI_ERR_INTERNAL,
+                       "GPU %d: orchestrator did not stop within %lld s (a device handler that "
+                       "never returns?)",
+                       id_, (long long)(kStopTimeoutNs / 1000000000));
+    }
+    sleep_ns(nap);
+  }
+  running_ = false;
+  return CHI_OK;
+}
+
+chi_status_t GpuDevice::resume_locked() {
+  if (running_) return CHI_OK;
+  if (broken_) return set_error(CHI_ERR_INTERNAL, "GPU %d: orchestrator failed earlier", id_);
+  if (chi_status_t s = write_stop(0); s != CHI_OK) return s;
+  return launch_locked();
+}
+
+chi_status_t GpuDevice::pause() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_) return set_error(CHI_ERR_SHUTDOWN, "GPU %d: runtime is shutting down", id_);
+  return pause_locked();
+}
+
+chi_status_t GpuDevice::resume() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_) return set_error(CHI_ERR_SHUTDOWN, "GPU %d: runtime is shutting down", id_);
+  return resume_locked();
+}
+
+chi_status_t GpuDevice::set_orchestrator(chi_gpu_launch_fn launch,
+                                         const std::vector<int32_t> &dispatch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_) return set_error(CHI_ERR_SHUTDOWN, "GPU %d: runtime is shutting down", id_);
+  const bool was_running = running_;
+  if (chi_status_t s = pause_locked(); s != CHI_OK) return s;
+  DeviceGuard guard(ordinal_);
+  cudaError_t e = cudaMemcpyAsync(dispatch_, dispatch.data(), dispatch.size() * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice, ctl_stream_);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(ctl_stream_);
+  if (e != cudaSuccess) return cuda_error(CHI_ERR_INTERNAL, id_, "uploading the dispatch table", e);
+  chi_gpu_launch_fn previous = launcher_;
+  launcher_ = launch;
+  if (!was_running) return CHI_OK;  // a paused GPU starts the new orchestrator at resume
+  chi_status_t s = write_stop(0);
+  if (s == CHI_OK) s = launch_locked();
+  if (s == CHI_OK) {
+    // A kernel built against another chimaera_device.h exits at once.
+    sleep_ns(2000000);
+    if (cudaStreamQuery(orch_stream_) != cudaSuccess) return CHI_OK;
+    running_ = false;
+    uint32_t fault = 0;
+    e = cudaMemcpyAsync(stop_src_, control_ + 1, sizeof fault, cudaMemcpyDefault, ctl_stream_);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(ctl_stream_);
+    fault = *stop_src_;
+    s = set_error(CHI_ERR_INTERNAL, "GPU %d: user orchestrator exited at once (fault %u%s)", id_,
+                  fault, fault == CHI_DEV_FAULT_ABI ? ": built against another chimaera_device.h" : "");
+  }
+  std::string why = last_error();
+  launcher_ = previous;
+  if (write_stop(0) == CHI_OK) launch_locked();
+  return set_error(CHI_ERR_INTERNAL, "%s", why.c_str());
+}
+
+chi_status_t GpuDevice::check_pointer(const void *ptr, size_t size) {
+  DeviceGuard guard(ordinal_);
+  cudaPointerAttributes a;
+  std::memset(&a, 0, sizeof a);
+  if (cudaError_t e = cudaPointerGetAttributes(&a, ptr); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return set_error(CHI_ERR_INVALID, "GPU %d: %p is not memory the CUDA runtime knows (%s)", id_,
+                     ptr, cudaGetErrorString(e));
+  }
+  if (CHI_POINTER_TYPE(a) != cudaMemoryTypeDevice)
+    return set_error(CHI_ERR_INVALID, "GPU %d: %p is not device memory (memory type %d)", id_, ptr,
+                     int(CHI_POINTER_TYPE(a)));
+  if (a.device != ordinal_)
+    return set_error(CHI_ERR_INVALID, "GPU %d: %p belongs to CUDA device %d, not %d", id_, ptr,
+                     a.device, ordinal_);
+#if CHI_HAVE_HIP
+  void *base = nullptr;
+  size_t len = 0;
+  if (hipMemGetAddressRange(reinterpret_cast<hipDeviceptr_t *>(&base), &len,
+                            const_cast<void *>(ptr)) == hipSuccess) {
+    uintptr_t b = reinterpret_cast<uintptr_t>(base);
+#else
+  // The allocation's extent comes from the driver; fetched through the runtime
+  // so that the library never links libcuda (it must load without a driver).
+  using range_fn = int (*)(unsigned long long *, size_t *, unsigned long long);
+  static range_fn range = [] {
+    void *fn = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<range_fn>(fn);
+  }();
+  unsigned long long base = 0;
+  size_t len = 0;
+  if (range && range(&base, &len, reinterpret_cast<unsigned long long>(ptr)) == 0) {
+    uintptr_t b = uintptr_t(base);
+#endif
+    uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+    if (p - b > len || size > len - (p - b))
+      return set_error(CHI_ERR_INVALID,
+                       "GPU %d: %zu bytes at %p run past the end of their allocation (%zu bytes "
+                       "left)",
+                       id_, size, ptr, size_t(len - (p - b)));
+  }
+  return CHI_OK;
+}
+
+chi_status_t GpuDevice::upload_regions(const std::vector<Region> &snapshot) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_ || broken_) return CHI_OK;
+  uint32_t n = uint32_t(snapshot.size() < CHI_DEV_MAX_REGIONS ? snapshot.size() : CHI_DEV_MAX_REGIONS);
+  std::vector<chi_dev_region_t> staged(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    const Region &r = snapshot[i];
+    staged[i] = chi_dev_region_t{r.id, uint64_t(r.base), r.size, int64_t(r.gpu)};
+  }
+  DeviceGuard guard(ordinal_);
+  cudaError_t e = cudaSuccess;
+  if (n)
+    e = cudaMemcpyAsync(region_stage_, staged.data(), n * sizeof(chi_dev_region_t),
+                        cudaMemcpyHostToDevice, ctl_stream_);
+  if (e == cudaSuccess) e = launch_region_update(layout_.regions, region_stage_, n, region_count_, ctl_stream_);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(ctl_stream_);
+  if (e != cudaSuccess) return cuda_error(CHI_ERR_INTERNAL, id_, "updating the region table", e);
+  region_count_ = n;
+  return CHI_OK;
+}
+
+chi_status_t GpuDevice::shutdown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_) return CHI_OK;
+  shut_ = true;
+  chi_status_t status = CHI_OK;
+  if (exec_ && !broken_) {
+    // chi_finalize runs what is queued: a paused GPU resumes for that.
+    if (chi_status_t s = resume_locked(); s != CHI_OK) status = s;
+    const int64_t t0 = now_ns();
+    uint32_t left;
+    while (running_ && (left = exec_->in_flight()) != 0) {
+      if (now_ns() - t0 > kDrainTimeoutNs) {
+        log(LogLevel::kWarn, "GPU %d: %u CPU->GPU task(s) unfinished at shutdown", id_, left);
+        break;
+      }
+      sleep_ns(100000);
+    }
+  }
+  if (exec_) exec_->close();
+  if (running_) {
+    if (chi_status_t s = pause_locked(); s != CHI_OK) {
+      status = s;
+      kernel_gone_ = !running_;  // still running: its memory must stay
+    }
+  }
+  if (poller_) poller_->stop();
+  // Waiters still blocked on this GPU give up now; the memory itself is freed
+  // with the device object, after the CPU workers (which may still read
+  // finished results) have stopped.
+  if (exec_) exec_->mark_stopped();
+  if (!kernel_gone_) log(LogLevel::kError, "GPU %d: orchestrator still running; its memory is leaked", id_);
+  return status;
+}
+
+void GpuDevice::release_memory() {
+  DeviceGuard guard(ordinal_);
+  if (dev_) (void)cudaFree(dev_);
+  if (pinned_) (void)cudaFreeHost(pinned_);
+  if (orch_stream_) (void)cudaStreamDestroy(orch_stream_);
+  if (ctl_stream_) (void)cudaStreamDestroy(ctl_stream_);
+  dev_ = nullptr;
+  pinned_ = nullptr;
+  orch_stream_ = ctl_stream_ = nullptr;
+  (void)cudaGetLastError();
+}
+
+}  // namespace chi::gpu

@@ -1,0 +1,90 @@
+// One GPU: its memory (pinned host and device), the orchestrator kernel and
+// its launch/pause/resume, the CPU->GPU executor and the GPU->CPU pollers.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "chimaera_device.h"
+#include "core/memory_regions.h"
+#include "gpu/cpu_poller.h"
+#include "gpu/cuda_api.h"
+#include "gpu/h2d_executor.h"
+#include "gpu/shape.h"
+
+namespace chi {
+class Runtime;
+}
+
+namespace chi::gpu {
+
+// Makes a CUDA device current for a scope and restores the caller's device,
+// so chimaera calls never change which device the user's thread works on.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int ordinal);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard &) = delete;
+  DeviceGuard &operator=(const DeviceGuard &) = delete;
+
+ private:
+  int prev_ = -1;
+  int want_;
+};
+
+// Sets the thread's message for a failed CUDA call and returns `status`.
+chi_status_t cuda_error(chi_status_t status, int32_t gpu, const char *what, cudaError_t e);
+
+class GpuDevice {
+ public:
+  GpuDevice(Runtime &rt, int32_t id, int ordinal);
+  ~GpuDevice();
+
+  // Allocates and initializes everything, starts the pollers and the built-in orchestrator.
+  chi_status_t start();
+  Executor *executor() { return exec_.get(); }
+  void context(chi_dev_context_t *ctx) const;
+  chi_status_t pause();
+  chi_status_t resume();
+  // Pauses, installs the method-id -> dispatch-index table, relaunches with `launch`.
+  chi_status_t set_orchestrator(chi_gpu_launch_fn launch, const std::vector<int32_t> &dispatch);
+  chi_status_t check_pointer(const void *ptr, size_t size);
+  chi_status_t upload_regions(const std::vector<Region> &snapshot);
+  // Drains CPU->GPU tasks (bounded), stops kernel and pollers, frees memory.
+  chi_status_t shutdown();
+
+ private:
+  chi_status_t allocate();
+  chi_status_t launch_locked();
+  chi_status_t pause_locked();
+  chi_status_t resume_locked();
+  chi_status_t write_stop(uint32_t value);
+  void release_memory();
+
+  Runtime &rt_;
+  const int32_t id_;
+  const int ordinal_;
+  Shape shape_;
+  cudaStream_t orch_stream_ = nullptr;  // the orchestrator's, non-blocking
+  cudaStream_t ctl_stream_ = nullptr;   // control writes and uploads, non-blocking
+  uint8_t *pinned_ = nullptr;
+  uint8_t *dev_ = nullptr;
+  uint32_t *stop_src_ = nullptr;  // pinned source of the stop-flag copies
+  chi_dev_ctx_layout_t layout_{};
+  chi_dev_orch_state_t *state_ = nullptr;  // device
+  uint32_t *control_ = nullptr;            // device
+  int32_t *dispatch_ = nullptr;            // device
+  chi_dev_region_t *region_stage_ = nullptr;
+  std::unique_ptr<H2dExecutor> exec_;
+  std::unique_ptr<CpuPoller> poller_;
+  std::mutex mu_;  // serializes pause/resume/set_orchestrator/regions/shutdown
+  bool running_ = false;
+  bool broken_ = false;  // the kernel faulted or would not stop: no more CUDA work
+  bool shut_ = false;
+  bool kernel_gone_ = true;  // false: the kernel would not stop, so its memory stays
+  chi_gpu_launch_fn launcher_ = nullptr;
+  uint32_t region_count_ = 0;
+};
+
+}  // namespace chi::gpu

@@ -1,0 +1,213 @@
+// The CUDA (or HIP) GpuSystem: one GpuDevice per usable GPU, plus what spans
+// GPUs: user orchestrators' method names and the region table.
+#include <stdlib.h>
+
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "api/error.h"
+#include "core/gpu_system.h"
+#include "core/log.h"
+#include "core/registry.h"
+#include "core/runtime.h"
+#include "gpu/gpu_device.h"
+#include "gpu/kernels.h"
+
+namespace chi {
+
+namespace gpu {
+namespace {
+
+class DeviceGpuSystem final : public GpuSystem {
+ public:
+  explicit DeviceGpuSystem(Runtime &rt) : rt_(rt) {}
+  ~DeviceGpuSystem() override { shutdown(); }
+
+  chi_status_t add(int ordinal) {
+    auto d = std::make_unique<GpuDevice>(rt_, int32_t(devs_.size()), ordinal);
+    if (chi_status_t s = d->start(); s != CHI_OK) return s;
+    devs_.push_back(std::move(d));
+    return CHI_OK;
+  }
+
+  int32_t count() const override { return int32_t(devs_.size()); }
+  Executor *executor(int32_t gpu) override { return devs_[gpu]->executor(); }
+
+  chi_status_t context(int32_t gpu, chi_dev_context_t *ctx) override {
+    if (!ctx) return set_error(CHI_ERR_INVALID, "ctx is NULL");
+    devs_[gpu]->context(ctx);
+    return CHI_OK;
+  }
+
+  chi_status_t pause(int32_t gpu) override {
+    return each(gpu, [](GpuDevice &d) { return d.pause(); });
+  }
+  chi_status_t resume(int32_t gpu) override {
+    return each(gpu, [](GpuDevice &d) { return d.resume(); });
+  }
+
+  chi_status_t set_orchestrator(int32_t gpu, const chi_gpu_orchestrator_t *orch) override {
+    if (!orch || !orch->launch) return set_error(CHI_ERR_INVALID, "orchestrator launch function is NULL");
+    if (orch->method_count && !orch->method_names)
+      return set_error(CHI_ERR_INVALID, "orchestrator has %u methods but no names", orch->method_count);
+    if (orch->method_count >= kMaxMethods)
+      return set_error(CHI_ERR_INVALID, "orchestrator has %u methods (at most %u)", orch->method_count,
+                       kMaxMethods - 1);
+    std::lock_guard<std::mutex> lock(orch_mu_);
+    Registry &reg = rt_.registry();
+    // Check every name before registering any, so a refusal changes nothing.
+    std::set<std::string> seen;
+    for (uint32_t i = 0; i < orch->method_count; ++i) {
+      const char *name = orch->method_names[i];
+      if (chi_status_t s = check_method_name(name); s != CHI_OK) return s;
+      if (!seen.insert(name).second)
+        return set_error(CHI_ERR_INVALID, "orchestrator lists method '%s' twice", name);
+      chi_method_t id;
+      if (reg.lookup(name, &id) == CHI_OK && reg.get(id)->gpu.load() && !ours_.count(id))
+        return set_error(CHI_ERR_INVALID, "method '%s' is already a GPU method", name);
+    }
+    clear_error();
+    std::vector<int32_t> dispatch(kMaxMethods, -1);
+    for (uint32_t i = 0; i < orch->method_count; ++i) {
+      const char *name = orch->method_names[i];
+      chi_method_t id;
+      // A name an earlier user orchestrator registered keeps its id.
+      if (reg.lookup(name, &id) != CHI_OK || !reg.get(id)->gpu.load()) {
+        if (chi_status_t s = reg.add_gpu(name, &id); s != CHI_OK) return s;
+      }
+      ours_.insert(id);
+      dispatch[id] = int32_t(i);
+    }
+    clear_error();
+    return each(gpu, [&](GpuDevice &d) { return d.set_orchestrator(orch->launch, dispatch); });
+  }
+
+  chi_status_t check_device_pointer(int32_t gpu, const void *ptr, size_t size) override {
+    return devs_[gpu]->check_pointer(ptr, size);
+  }
+
+  chi_status_t regions_changed() override {
+    // The snapshot is taken under the lock: the last upload always holds
+    // every registration that finished before it.
+    std::lock_guard<std::mutex> lock(regions_mu_);
+    std::vector<Region> snap = rt_.regions().snapshot();
+    return each(-1, [&](GpuDevice &d) { return d.upload_regions(snap); });
+  }
+
+  chi_status_t shutdown() override {
+    return each(-1, [](GpuDevice &d) { return d.shutdown(); });
+  }
+
+ private:
+  // Runs f on one GPU or (gpu == -1) on all; returns the first failure.
+  template <class F>
+  chi_status_t each(int32_t gpu, F f) {
+    if (gpu >= 0) return f(*devs_[gpu]);
+    chi_status_t first = CHI_OK;
+    std::string why;
+    for (auto &d : devs_) {
+      chi_status_t s = f(*d);
+      if (s != CHI_OK && first == CHI_OK) {
+        first = s;
+        why = last_error();
+      }
+    }
+    if (first != CHI_OK) set_error(first, "%s", why.c_str());
+    return first;
+  }
+
+  Runtime &rt_;
+  std::vector<std::unique_ptr<GpuDevice>> devs_;
+  std::mutex orch_mu_;
+  std::set<chi_method_t> ours_;  // GPU methods registered by user orchestrators
+  std::mutex regions_mu_;
+};
+
+// Why a CUDA device cannot host an orchestrator, or nullptr if it can.
+const char *unusable(int ordinal, std::string *detail) {
+  DeviceGuard guard(ordinal);
+  int major = 0, uva = 0;
+  (void)cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal);
+  (void)cudaDeviceGetAttribute(&uva, cudaDevAttrUnifiedAddressing, ordinal);
+  if (major < 7) return "compute capability below 7.0 (no independent thread scheduling)";
+  if (!uva) return "no unified addressing";
+  if (cudaError_t e = builtin_loadable(); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    *detail = cudaGetErrorString(e);
+    return "this build has no code for it (see CHI_CUDA_ARCHITECTURES)";
+  }
+  return nullptr;
+}
+
+// Warns when kernels still load lazily (CUDA was initialized before chi_init
+// without CUDA_MODULE_LOADING=EAGER): see docs/gpu.md.
+void warn_if_lazy_loading() {
+#if !CHI_HAVE_HIP
+  using mode_fn = int (*)(int *);
+  void *fn = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  if (cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &fn, 12000, cudaEnableDefault,
+                                       &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess || !fn) {
+    (void)cudaGetLastError();
+    return;
+  }
+  int mode = 0;
+  constexpr int kLazy = 2;  // CU_MODULE_LAZY_LOADING
+  if (reinterpret_cast<mode_fn>(fn)(&mode) == 0 && mode == kLazy)
+    log(LogLevel::kWarn,
+        "CUDA loads modules lazily: the first launch of a kernel while an orchestrator runs can "
+        "hang; set CUDA_MODULE_LOADING=EAGER before the process's first CUDA call, or launch "
+        "each kernel once before chi_init (docs/gpu.md)");
+#endif
+}
+
+}  // namespace
+}  // namespace gpu
+
+chi_status_t create_gpu_system(Runtime &rt, const Config &cfg, std::unique_ptr<GpuSystem> *out) {
+  out->reset();
+  if (cfg.gpu.devices == 0) return CHI_OK;
+  // Lazy module loading (CUDA's default) loads a kernel at its first launch,
+  // and that may wait for every running kernel: with a persistent
+  // orchestrator running, forever.  Eager loading avoids it; it only takes
+  // effect if CUDA is not initialized yet, and an explicit choice is kept.
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+  int n = 0;
+  // Without a driver this fails (cudart loads libcuda lazily): no GPU, not an error.
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n <= 0) {
+    (void)cudaGetLastError();
+    const char *why = e != cudaSuccess ? cudaGetErrorString(e) : "no device";
+    if (cfg.gpu.devices > 0)
+      return set_error(CHI_ERR_NO_DEVICE, "%d GPU(s) requested but none is usable: %s",
+                       cfg.gpu.devices, why);
+    log(LogLevel::kInfo, "no usable GPU (%s): GPU routes answer CHI_ERR_NO_DEVICE", why);
+    return CHI_OK;
+  }
+  std::vector<int> use;
+  for (int d = 0; d < n && (cfg.gpu.devices < 0 || int(use.size()) < cfg.gpu.devices); ++d) {
+    std::string detail;
+    if (const char *why = gpu::unusable(d, &detail)) {
+      log(LogLevel::kWarn, "CUDA device %d skipped: %s%s%s", d, why, detail.empty() ? "" : ": ",
+          detail.c_str());
+      continue;
+    }
+    use.push_back(d);
+  }
+  if (cfg.gpu.devices > 0 && int(use.size()) < cfg.gpu.devices)
+    return set_error(CHI_ERR_NO_DEVICE, "%d GPU(s) requested but %zu usable", cfg.gpu.devices,
+                     use.size());
+  if (use.empty()) return CHI_OK;
+  gpu::warn_if_lazy_loading();
+  auto sys = std::make_unique<gpu::DeviceGpuSystem>(rt);
+  for (int d : use)
+    if (chi_status_t s = sys->add(d); s != CHI_OK) return s;
+  *out = std::move(sys);
+  return CHI_OK;
+}
+
+}  // namespace chi

@@ -1,0 +1,67 @@
+// CPU->GPU tasks: the executor behind CHI_ROUTE_GPU(n).  Slots and the ring
+// live in pinned host memory; the orchestrator's polling warps read the ring
+// and write an LL completion record per slot, which chi_wait polls.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/executor.h"
+#include "core/mpmc_queue.h"
+#include "gpu/shape.h"
+
+namespace chi {
+class Runtime;
+}
+
+namespace chi::gpu {
+
+class H2dExecutor final : public Executor {
+ public:
+  H2dExecutor(Runtime &rt, int32_t gpu, const Shape &shape, uint64_t *ring, uint64_t *done,
+              uint8_t *buf);
+
+  chi_status_t submit(chi_method_t method, const void *input, size_t input_size, uint32_t *slot,
+                      uint32_t *gen) override;
+  chi_status_t wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, void *output,
+                    size_t output_capacity, size_t *output_size) override;
+  chi_status_t test(uint32_t slot, uint32_t gen, int *done) override;
+  chi_status_t release(uint32_t slot, uint32_t gen) override;
+
+  // Recycles released slots whose task has finished.
+  void reap();
+  // Tasks submitted and not finished yet (released ones included).
+  uint32_t in_flight() const;
+  // Refuses new tasks from now on (CHI_ERR_SHUTDOWN).
+  void close() { open_.store(false, std::memory_order_release); }
+  // The orchestrator is gone: waits for unfinished tasks return CHI_ERR_SHUTDOWN.
+  void mark_stopped() { stopped_.store(true, std::memory_order_release); }
+
+ private:
+  enum : uint32_t { kFree = 0, kSubmitted = 1, kClaimed = 2, kReleased = 3 };
+  chi_status_t check(uint32_t slot, uint32_t gen, uint32_t state) const;
+  bool finished(uint32_t slot, uint32_t gen) const;
+  void recycle(uint32_t slot);
+  bool take_slot(uint32_t *slot);
+
+  Runtime &rt_;
+  const int32_t gpu_;
+  const Shape shape_;
+  uint64_t *const ring_;
+  uint64_t *const done_;
+  uint8_t *const buf_;
+  std::unique_ptr<std::atomic<uint32_t>[]> state_;  // (gen << 8) | state
+  std::unique_ptr<uint32_t[]> method_;
+  MpmcQueue free_;
+  alignas(64) std::atomic<uint64_t> tail_{0};
+  alignas(64) std::atomic<bool> open_{true};
+  std::atomic<bool> stopped_{false};
+  std::mutex released_mu_;
+  std::vector<uint32_t> released_;
+  std::atomic<uint32_t> nreleased_{0};
+};
+
+}  // namespace chi::gpu

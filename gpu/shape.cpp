@@ -1,0 +1,63 @@
+#include "gpu/shape.h"
+
+#include <cstdlib>
+#include <thread>
+
+#include "chimaera/config.h"
+#include "chimaera_device.h"
+#include "core/log.h"
+
+namespace chi::gpu {
+
+namespace {
+
+uint32_t floor_pow2(uint32_t v) {
+  uint32_t p = 1;
+  while (p * 2 <= v) p *= 2;
+  return p;
+}
+
+// CPU threads per GPU serving GPU->CPU tasks.  CHI_GPU_POLLERS (1..16) is a
+// tuning knob until the configuration grows a key for it.
+uint32_t cpu_pollers() {
+  if (const char *e = std::getenv("CHI_GPU_POLLERS")) {
+    long v = std::strtol(e, nullptr, 10);
+    if (v >= 1 && v <= 16) return floor_pow2(uint32_t(v));
+    log(LogLevel::kWarn, "CHI_GPU_POLLERS=%s ignored (1..16)", e);
+  }
+  return std::thread::hardware_concurrency() >= 8 ? 2 : 1;
+}
+
+}  // namespace
+
+Shape make_shape(const Config &cfg, int sm_count) {
+  Shape s;
+  const uint32_t warp = CHI_HAVE_HIP ? 64 : 32;
+  // The orchestrator is meant to leave most of the GPU to other kernels.
+  uint32_t max_blocks = sm_count > 1 ? uint32_t(sm_count) / 2 : 1;
+  s.blocks = cfg.gpu.blocks;
+  if (s.blocks > max_blocks) {
+    log(LogLevel::kWarn, "gpu.blocks %u lowered to %u (half of the GPU's %d SMs)", s.blocks,
+        max_blocks, sm_count);
+    s.blocks = max_blocks;
+  }
+  s.threads = cfg.gpu.warps_per_block * warp;
+  s.nwarps = s.blocks * cfg.gpu.warps_per_block;
+  // Half the warps poll the CPU->GPU ring, the rest run GPU->GPU tasks:
+  // few polling warps, each covering more entries, spare the PCIe bus.
+  s.h2d_pollers = s.nwarps == 1 ? 1 : floor_pow2(s.nwarps / 2);
+  if (s.h2d_pollers > 8) s.h2d_pollers = 8;
+  s.h2d_slots = cfg.gpu.queue_depth;
+  // Pollers serve tickets modulo their count, so one of them may lag: a ring
+  // of slots x pollers entries is never overrun by tasks that hold slots.
+  s.h2d_ring_entries = s.h2d_slots * s.h2d_pollers;
+  s.dslots = cfg.gpu.device_slots;
+  s.cpu_pollers = cpu_pollers();
+  s.d2h_ring_entries = s.dslots * s.cpu_pollers;
+  s.max_payload = cfg.gpu.max_payload;
+  uint64_t stride = (uint64_t(s.max_payload) + 63) & ~uint64_t(63);
+  s.payload_stride = stride < 128 ? 128 : stride;  // room for the 112 inline bytes
+  return s;
+}
+
+}  // namespace chi::gpu

@@ -1,0 +1,27 @@
+// Sizes of one GPU's queues and buffers, derived once from the configuration.
+#pragma once
+
+#include <cstdint>
+
+#include "config/config.h"
+
+namespace chi::gpu {
+
+struct Shape {
+  uint32_t h2d_slots = 0;         // CPU->GPU slots (gpu.queue_depth)
+  uint32_t h2d_pollers = 0;       // orchestrator warps polling the CPU->GPU ring
+  uint32_t h2d_ring_entries = 0;  // h2d_slots x h2d_pollers
+  uint32_t dslots = 0;            // GPU->GPU and GPU->CPU slots each (gpu.device_slots)
+  uint32_t cpu_pollers = 0;       // CPU threads serving GPU->CPU tasks
+  uint32_t d2h_ring_entries = 0;  // dslots x cpu_pollers
+  uint32_t max_payload = 0;       // gpu.max_payload
+  uint64_t payload_stride = 0;    // bytes per payload buffer
+  uint32_t blocks = 0;
+  uint32_t threads = 0;           // per block
+  uint32_t nwarps = 0;
+};
+
+// sm_count: multiprocessors of the GPU (the grid never covers all of them).
+Shape make_shape(const Config &cfg, int sm_count);
+
+}  // namespace chi::gpu

@@ -1,0 +1,18 @@
+# GPU backend: CUDA test programs (exit 77, shown as skipped, without a GPU).
+# They link the shared CUDA runtime like the library (one cudart per process),
+# except test_gpu_orchestrator: a user's .cu gets nvcc's default static cudart,
+# and the orchestrator macro must work across the two runtime instances.
+if(CHI_HAVE_CUDA)
+  chi_add_test(test_gpu SOURCES gpu/test_gpu.cu GPU TIMEOUT 600 LABELS gpu)
+  chi_add_test(test_gpu_orchestrator SOURCES gpu/test_gpu_orchestrator.cu GPU TIMEOUT 300 LABELS gpu)
+  chi_add_test(gpu_timing SOURCES gpu/gpu_timing.cu GPU TIMEOUT 300 LABELS gpu)
+  foreach(t test_gpu test_gpu_orchestrator gpu_timing)
+    set_target_properties(${t} PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
+    target_compile_options(${t} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
+  endforeach()
+  foreach(t test_gpu gpu_timing)
+    set_target_properties(${t} PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
+    target_link_libraries(${t} PRIVATE CUDA::cudart)
+  endforeach()
+  set_target_properties(test_gpu_orchestrator PROPERTIES CUDA_RUNTIME_LIBRARY Static)
+endif()

@@ -1,0 +1,660 @@
+/*
+ * The GPU backend through the public API: CPU->GPU, GPU->CPU and GPU->GPU
+ * tasks with payloads of 0, 1, 64, 112, 113 and max bytes; CPU->GPU from 8
+ * host threads; GPU->CPU and GPU->GPU from >= 1000 warps with per-task
+ * checksums; device-side timeouts; pause/resume under load; registered
+ * memory; error statuses on both sides.  Exit 77 without a usable GPU.
+ *
+ * Environment: CHI_TEST_WARPS (default 1024), CHI_TEST_TASKS_PER_WARP
+ * (default 1000), CHI_TEST_H2D_TASKS (per host thread, default 4000): the
+ * sanitizer runs set them lower.
+ */
+#include "gpu_common.h"
+
+#include <time.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+static chi_runtime_t *g_rt;
+static chi_dev_context_t g_ctx;
+static cudaStream_t g_stream;
+static uint32_t g_max; /* gpu.max_payload */
+static chi_method_t g_sleep_method, g_source_method, g_cpu_only_method;
+static uint8_t *g_scratch; /* device: kernels' payload buffers */
+static int32_t *g_st;      /* mapped pinned: kernels' statuses */
+static uint32_t *g_val;    /* mapped pinned: kernels' values */
+static unsigned long long *g_cnt; /* mapped pinned: counters */
+/* Pinned buffers are allocated before chi_init and freed after chi_finalize:
+ * cudaFreeHost (like cudaFree) waits for every kernel, the orchestrator too. */
+static chi_mem_ref_t *g_refs;
+static uint64_t *g_ptrs;
+
+#define SCRATCH_BYTES (1u << 24)
+
+static __host__ __device__ inline uint32_t size_at(int i) {
+  const uint32_t s[] = {0, 1, 64, 112, 113, 4096};
+  return s[i];
+}
+#define NSIZES 6
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+  nanosleep(&ts, NULL);
+}
+
+static void sync_stream(void) {
+  CK(cudaGetLastError());
+  CK(cudaStreamSynchronize(g_stream));
+}
+
+/* ----------------------------------------------------------- CPU handlers */
+
+static chi_status_t h_sleep(chi_request_t *req, void *ud) {
+  (void)ud;
+  sleep_ms(150);
+  req->output_size = 0;
+  return CHI_OK;
+}
+
+static chi_status_t h_source(chi_request_t *req, void *ud) {
+  (void)ud;
+  if (req->output_capacity < 4) return CHI_ERR_TOO_LARGE;
+  memcpy(req->output, &req->source, 4);
+  req->output_size = 4;
+  return CHI_OK;
+}
+
+static chi_status_t h_cpu_only(chi_request_t *req, void *ud) {
+  (void)ud;
+  req->output_size = 0;
+  return CHI_OK;
+}
+
+/* ---------------------------------------------------------------- kernels */
+
+/* One thread: echo and checksum of every size in kSizes over `route`.
+ * st[4i..4i+3] = echo status, echo ok, checksum status, checksum ok. */
+__global__ void k_payloads(chi_dev_context_t ctx, chi_route_t route, uint32_t max, uint8_t *scratch,
+                           int32_t *st) {
+  uint8_t *in = scratch, *out = scratch + 8192;
+  for (int i = 0; i < NSIZES; ++i) {
+    uint32_t n = size_at(i) == 4096 ? max : size_at(i);
+    gt_fill(in, n, 1000 + i);
+    chi_future_t f;
+    uint32_t osz = 0xFFFF;
+    chi_status_t s = chi_dev_submit(&ctx, route, CHI_METHOD_ECHO, in, n, &f);
+    if (s == CHI_OK) s = chi_dev_wait(&ctx, f, GT_WAIT_NS, out, 8192, &osz);
+    int ok = s == CHI_OK && osz == n;
+    for (uint32_t b = 0; ok && b < n; ++b) ok = out[b] == in[b];
+    st[4 * i] = s;
+    st[4 * i + 1] = ok;
+    s = chi_dev_submit(&ctx, route, CHI_METHOD_CHECKSUM, in, n, &f);
+    if (s == CHI_OK) s = chi_dev_wait(&ctx, f, GT_WAIT_NS, out, 8, &osz);
+    st[4 * i + 2] = s;
+    st[4 * i + 3] = s == CHI_OK && osz == 8 && gt_load64(out) == gt_fnv(in, n);
+  }
+}
+
+/* One thread: the error paths of the device API over `route`. */
+__global__ void k_errors(chi_dev_context_t ctx, chi_route_t route, uint32_t max, uint8_t *scratch,
+                         int32_t *st, uint32_t *val) {
+  uint8_t *in = scratch, *out = scratch + 8192;
+  gt_fill(in, 64, 7);
+  chi_future_t f = 0, g = 0;
+  uint32_t osz = 0;
+  st[0] = chi_dev_submit(&ctx, route, CHI_METHOD_ECHO, in, max + 1, &f); /* TOO_LARGE */
+  st[1] = chi_dev_submit(&ctx, route, 4000, in, 8, &f);                   /* unknown: */
+  st[2] = st[1] == CHI_OK ? chi_dev_wait(&ctx, f, GT_WAIT_NS, out, 64, &osz) : -100; /* NOT_FOUND */
+  st[3] = chi_dev_submit(&ctx, route, CHI_METHOD_ECHO, in, 64, &f);
+  st[4] = chi_dev_wait(&ctx, f, GT_WAIT_NS, out, 16, &osz); /* TOO_LARGE, future stays valid */
+  val[0] = osz;                                             /* 64 */
+  st[5] = chi_dev_wait(&ctx, f, GT_WAIT_NS, out, 64, &osz); /* OK */
+  val[1] = osz;
+  st[6] = chi_dev_wait(&ctx, f, GT_WAIT_NS, out, 64, &osz); /* consumed: INVALID */
+  st[7] = chi_dev_wait(&ctx, 0, 0, out, 64, &osz);          /* INVALID */
+  st[8] = chi_dev_submit(&ctx, CHI_ROUTE_GPU(7), CHI_METHOD_ECHO, in, 8, &g); /* INVALID */
+  st[9] = chi_dev_submit(&ctx, route, 0, in, 8, &g);                          /* INVALID */
+  /* chi_dev_test until done, then the result. */
+  st[10] = chi_dev_submit(&ctx, route, CHI_METHOD_ECHO, in, 64, &f);
+  int done = 0;
+  uint64_t t0 = chi_port::timer_ns();
+  while (st[10] == CHI_OK && !done && chi_port::timer_ns() - t0 < (uint64_t)GT_WAIT_NS)
+    if (chi_dev_test(&ctx, f, &done) != CHI_OK) break;
+  st[11] = done;
+  st[12] = chi_dev_wait(&ctx, f, GT_WAIT_NS, NULL, 0, &osz); /* discard: OK */
+  st[13] = chi_dev_test(&ctx, f, &done);                     /* INVALID */
+  /* A future of the other route kind and a forged one. */
+  st[14] = chi_dev_wait(&ctx, f ^ (3ull << 52), 0, out, 64, &osz);
+  st[15] = chi_dev_wait(&ctx, f + 5, 0, out, 64, &osz);
+}
+
+/* One thread: a CPU handler that takes 150 ms against a 5 ms device wait. */
+__global__ void k_timeout(chi_dev_context_t ctx, chi_method_t sleeper, int32_t *st) {
+  chi_future_t f;
+  uint32_t n = 99;
+  st[0] = chi_dev_submit(&ctx, CHI_ROUTE_CPU, sleeper, NULL, 0, &f);
+  st[1] = chi_dev_wait(&ctx, f, 5000000, NULL, 0, &n); /* TIMEOUT */
+  st[2] = chi_dev_wait(&ctx, f, GT_WAIT_NS, NULL, 0, &n); /* OK */
+  st[3] = (int32_t)n;
+}
+
+__global__ void k_source(chi_dev_context_t ctx, chi_method_t m, int32_t *st) {
+  chi_future_t f;
+  int32_t src = -100;
+  uint32_t n = 0;
+  st[0] = chi_dev_submit(&ctx, CHI_ROUTE_CPU, m, NULL, 0, &f);
+  st[1] = chi_dev_wait(&ctx, f, GT_WAIT_NS, &src, sizeof src, &n);
+  st[2] = src;
+  st[3] = (int32_t)n;
+}
+
+/* Lane 0 of every warp: `tasks` checksums of 64-byte inputs, each checked
+ * against the device's own FNV-1a.  cnt[0] bad results, cnt[1] AGAIN retries,
+ * cnt[2] tasks done, cnt[3] first bad status. */
+__global__ void k_many(chi_dev_context_t ctx, chi_route_t route, uint32_t tasks,
+                       unsigned long long *cnt) {
+  if ((threadIdx.x & 31) != 0) return;
+  const uint64_t warp = (blockIdx.x * (uint64_t)blockDim.x + threadIdx.x) / 32;
+  uint8_t in[64], out[8];
+  for (uint32_t i = 0; i < tasks; ++i) {
+    gt_fill(in, 64, warp * 1000003ull + i);
+    chi_future_t f;
+    chi_status_t s;
+    while ((s = chi_dev_submit(&ctx, route, CHI_METHOD_CHECKSUM, in, 64, &f)) == CHI_ERR_AGAIN) {
+      atomicAdd(&cnt[1], 1ull);
+      __nanosleep(1000);
+    }
+    uint32_t n = 0;
+    if (s == CHI_OK) s = chi_dev_wait(&ctx, f, GT_WAIT_NS, out, 8, &n);
+    if (s != CHI_OK || n != 8 || gt_load64(out) != gt_fnv(in, 64)) {
+      if (atomicAdd(&cnt[0], 1ull) == 0) cnt[3] = (unsigned long long)(uint32_t)s;
+      return; /* one failure tells; a broken runtime must not take tasks x timeout */
+    } else {
+      atomicAdd(&cnt[2], 1ull);
+    }
+  }
+}
+
+/* Every lane, diverged at random: per-thread calls inside divergent branches,
+ * then the warp-collective variants with a random set of active lanes. */
+__global__ void k_diverged(chi_dev_context_t ctx, chi_route_t route, uint32_t tasks,
+                           unsigned long long *cnt) {
+  const uint32_t lane = threadIdx.x & 31;
+  const uint64_t warp = (blockIdx.x * (uint64_t)blockDim.x + threadIdx.x) / 32;
+  uint8_t in[16], out[8];
+  for (uint32_t i = 0; i < tasks; ++i) {
+    const uint64_t seed = (warp * 977 + i) * 32 + lane;
+    const uint32_t n = 1 + (uint32_t)(seed % 16);
+    gt_fill(in, n, seed);
+    chi_future_t f = 0;
+    chi_status_t s = CHI_OK;
+    uint32_t osz = 0;
+    if ((seed * 2654435761u >> 7) % 3 == 0) { /* a third of the lanes go first, alone */
+      while ((s = chi_dev_submit(&ctx, route, CHI_METHOD_CHECKSUM, in, n, &f)) == CHI_ERR_AGAIN)
+        __nanosleep(500 + lane * 10);
+      if (s == CHI_OK) s = chi_dev_wait(&ctx, f, GT_WAIT_NS, out, 8, &osz);
+      if (s != CHI_OK || gt_load64(out) != gt_fnv(in, n)) {
+        atomicAdd(&cnt[0], 1ull);
+        tasks = 0; /* leaves the loop after this round, still converged */
+      } else {
+        atomicAdd(&cnt[2], 1ull);
+      }
+    }
+    __syncwarp();
+    const int active = (seed >> 3) % 4 != 0;
+    s = chi_dev_warp_submit(&ctx, route, CHI_METHOD_CHECKSUM, in, n, active, &f);
+    if (active && s == CHI_ERR_AGAIN) {
+      atomicAdd(&cnt[1], 1ull);
+      s = CHI_OK;
+      f = 0; /* nothing to wait for */
+    }
+    int waiting = active && f != 0;
+    chi_status_t w = chi_dev_warp_wait(&ctx, f, GT_WAIT_NS, out, 8, &osz, waiting);
+    int failed = active && (s != CHI_OK || (waiting && (w != CHI_OK || gt_load64(out) != gt_fnv(in, n))));
+    if (failed) atomicAdd(&cnt[0], 1ull);
+    else if (waiting) atomicAdd(&cnt[2], 1ull);
+    if (__any_sync(0xFFFFFFFFu, failed) || __any_sync(0xFFFFFFFFu, tasks == 0)) break;
+  }
+}
+
+/* One thread per reference. */
+__global__ void k_resolve(chi_dev_context_t ctx, const chi_mem_ref_t *refs, int n, int32_t *st,
+                          uint64_t *ptrs) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  void *p = NULL;
+  st[i] = chi_dev_mem_resolve(&ctx, &refs[i], &p);
+  ptrs[i] = (uint64_t)p;
+}
+
+/* ------------------------------------------------------------------ tests */
+
+static void run_payloads(chi_route_t route) {
+  memset(g_st, 0x7F, 64 * sizeof(int32_t));
+  k_payloads<<<1, 1, 0, g_stream>>>(g_ctx, route, g_max, g_scratch, g_st);
+  sync_stream();
+  for (int i = 0; i < NSIZES; ++i) {
+    if (g_st[4 * i] != CHI_OK || !g_st[4 * i + 1] || g_st[4 * i + 2] != CHI_OK || !g_st[4 * i + 3])
+      fail_msg("route %d, %u bytes: echo %d (%s) ok=%d, checksum %d (%s) ok=%d", route,
+               size_at(i), g_st[4 * i], chi_status_string(g_st[4 * i]), g_st[4 * i + 1],
+               g_st[4 * i + 2], chi_status_string(g_st[4 * i + 2]), g_st[4 * i + 3]);
+  }
+}
+
+static void run_errors(chi_route_t route) {
+  memset(g_st, 0x7F, 64 * sizeof(int32_t));
+  k_errors<<<1, 1, 0, g_stream>>>(g_ctx, route, g_max, g_scratch, g_st, g_val);
+  sync_stream();
+  const chi_status_t want[16] = {CHI_ERR_TOO_LARGE, CHI_OK,          CHI_ERR_NOT_FOUND,
+                                 CHI_OK,            CHI_ERR_TOO_LARGE, CHI_OK,
+                                 CHI_ERR_INVALID,   CHI_ERR_INVALID, CHI_ERR_INVALID,
+                                 CHI_ERR_INVALID,   CHI_OK,          1,
+                                 CHI_OK,            CHI_ERR_INVALID, CHI_ERR_INVALID,
+                                 CHI_ERR_INVALID};
+  for (int i = 0; i < 16; ++i)
+    if (g_st[i] != want[i])
+      fail_msg("route %d, step %d: got %d (%s), want %d", route, i, g_st[i],
+               chi_status_string(g_st[i]), want[i]);
+  assert_int_equal(g_val[0], 64);
+  assert_int_equal(g_val[1], 64);
+}
+
+static void run_many(chi_route_t route) {
+  const uint32_t warps = gt_env_count("CHI_TEST_WARPS", 1024);
+  const uint32_t tasks = gt_env_count("CHI_TEST_TASKS_PER_WARP", 1000);
+  memset(g_cnt, 0, 8 * sizeof *g_cnt);
+  k_many<<<(warps + 7) / 8, 256, 0, g_stream>>>(g_ctx, route, tasks, g_cnt);
+  sync_stream();
+  uint64_t expect = (uint64_t)((warps + 7) / 8) * 8 * tasks;
+  printf("# route %d: %u warps x %u tasks: %llu ok, %llu bad, %llu AGAIN retries\n", route,
+         (warps + 7) / 8 * 8, tasks, g_cnt[2], g_cnt[0], g_cnt[1]);
+  if (g_cnt[0] != 0)
+    fail_msg("route %d: %llu bad tasks (first status %d)", route, g_cnt[0], (int)g_cnt[3]);
+  assert_int_equal(g_cnt[2], expect);
+}
+
+static void run_diverged(chi_route_t route) {
+  const uint32_t warps = gt_env_count("CHI_TEST_WARPS", 1024);
+  const uint32_t tasks = gt_env_count("CHI_TEST_TASKS_PER_WARP", 1000) / 10 + 1;
+  memset(g_cnt, 0, 8 * sizeof *g_cnt);
+  k_diverged<<<(warps + 7) / 8, 256, 0, g_stream>>>(g_ctx, route, tasks, g_cnt);
+  sync_stream();
+  printf("# route %d diverged: %llu ok, %llu bad, %llu AGAIN\n", route, g_cnt[2], g_cnt[0],
+         g_cnt[1]);
+  assert_int_equal(g_cnt[0], 0);
+  assert_true(g_cnt[2] > 0);
+}
+
+static void test_h2d_payloads(void **state) {
+  (void)state;
+  uint8_t in[4096], out[4096];
+  for (int r = 0; r < 2; ++r) {
+    chi_route_t route = r ? CHI_ROUTE_GPU_ANY : CHI_ROUTE_GPU(0);
+    for (int i = 0; i < NSIZES; ++i) {
+      uint32_t n = size_at(i) == 4096 ? g_max : size_at(i);
+      gt_fill(in, n, 77 + i);
+      chi_future_t f;
+      size_t osz = 0;
+      assert_status(CHI_OK, chi_submit(g_rt, route, CHI_METHOD_ECHO, in, n, &f));
+      assert_status(CHI_OK, chi_wait(g_rt, f, GT_WAIT_NS, out, sizeof out, &osz));
+      assert_int_equal(osz, n);
+      assert_memory_equal(out, in, n);
+      assert_status(CHI_OK, chi_submit(g_rt, route, CHI_METHOD_CHECKSUM, in, n, &f));
+      assert_status(CHI_OK, chi_wait(g_rt, f, GT_WAIT_NS, out, 8, &osz));
+      assert_int_equal(osz, 8);
+      assert_true(gt_load64(out) == chi_test_fnv1a(in, n));
+    }
+    uint64_t ab[2] = {0xFFFFFFFF00000001ull, 0x00000001FFFFFFFFull};
+    chi_future_t f;
+    size_t osz = 0;
+    uint64_t sum = 0;
+    assert_status(CHI_OK, chi_submit(g_rt, route, CHI_METHOD_ADD, ab, sizeof ab, &f));
+    assert_status(CHI_OK, chi_wait(g_rt, f, GT_WAIT_NS, &sum, sizeof sum, &osz));
+    assert_int_equal(osz, 8);
+    assert_true(sum == ab[0] + ab[1]);
+    assert_status(CHI_OK, chi_submit(g_rt, route, CHI_METHOD_ADD, ab, 8, &f));
+    assert_status(CHI_ERR_INVALID, chi_wait(g_rt, f, GT_WAIT_NS, &sum, sizeof sum, &osz));
+  }
+}
+
+static void h2d_thread(int id, std::atomic<long> *bad) {
+  const long tasks = chi_test_scaled(gt_env_count("CHI_TEST_H2D_TASKS", 4000));
+  uint64_t rng = 0x1234567ull + id;
+  enum { kDepth = 8 };
+  static thread_local uint8_t in[kDepth][4096], out[4096];
+  chi_future_t f[kDepth];
+  uint32_t n[kDepth];
+  for (long done = 0; done < tasks; done += kDepth) {
+    for (int k = 0; k < kDepth; ++k) {
+      n[k] = (uint32_t)(chi_test_rand(&rng) % (g_max + 1));
+      if (k == 0) n[k] = 64;
+      gt_fill(in[k], n[k], (uint64_t)id << 40 | (uint64_t)done << 8 | k);
+      chi_status_t s;
+      while ((s = chi_submit(g_rt, CHI_ROUTE_GPU(0), CHI_METHOD_ECHO, in[k], n[k], &f[k])) ==
+             CHI_ERR_AGAIN) {
+      }
+      if (s != CHI_OK) {
+        ++*bad;
+        f[k] = 0;
+      }
+    }
+    for (int k = 0; k < kDepth; ++k) {
+      if (!f[k]) continue;
+      size_t osz = 0;
+      chi_status_t s = chi_wait(g_rt, f[k], GT_WAIT_NS, out, sizeof out, &osz);
+      if (s != CHI_OK || osz != n[k] || memcmp(out, in[k], n[k]) != 0) ++*bad;
+    }
+  }
+}
+
+static void test_h2d_threads(void **state) {
+  (void)state;
+  std::atomic<long> bad{0};
+  std::vector<std::thread> th;
+  for (int t = 0; t < 8; ++t) th.emplace_back(h2d_thread, t, &bad);
+  for (auto &t : th) t.join();
+  assert_int_equal(bad.load(), 0);
+}
+
+static void test_h2d_errors(void **state) {
+  (void)state;
+  uint8_t in[64], out[64];
+  gt_fill(in, 64, 5);
+  chi_future_t f;
+  size_t osz = 0;
+  /* Output too small: size needed, future still valid. */
+  assert_status(CHI_OK, chi_submit(g_rt, 0, CHI_METHOD_ECHO, in, 64, &f));
+  assert_status(CHI_ERR_TOO_LARGE, chi_wait(g_rt, f, GT_WAIT_NS, out, 10, &osz));
+  assert_int_equal(osz, 64);
+  assert_status(CHI_OK, chi_wait(g_rt, f, GT_WAIT_NS, out, 64, &osz));
+  assert_memory_equal(out, in, 64);
+  /* Consumed: stale from now on, on every call. */
+  assert_status(CHI_ERR_INVALID, chi_wait(g_rt, f, GT_WAIT_NS, out, 64, &osz));
+  int done = 0;
+  assert_status(CHI_ERR_INVALID, chi_test(g_rt, f, &done));
+  assert_status(CHI_ERR_INVALID, chi_release(g_rt, f));
+  /* Release, finished or not, consumes too. */
+  assert_status(CHI_OK, chi_submit(g_rt, 0, CHI_METHOD_ECHO, in, 64, &f));
+  assert_status(CHI_OK, chi_release(g_rt, f));
+  assert_status(CHI_ERR_INVALID, chi_wait(g_rt, f, GT_WAIT_NS, out, 64, &osz));
+  /* A forged slot number. */
+  assert_status(CHI_ERR_INVALID, chi_wait(g_rt, f ^ 0x7FFFull, 0, out, 64, &osz));
+  /* NULL output: result discarded, size reported. */
+  assert_status(CHI_OK, chi_submit(g_rt, 0, CHI_METHOD_ECHO, in, 64, &f));
+  assert_status(CHI_OK, chi_wait(g_rt, f, GT_WAIT_NS, NULL, 0, &osz));
+  assert_int_equal(osz, 64);
+  /* A method without GPU handler: NOT_FOUND at the waiter. */
+  assert_status(CHI_OK, chi_submit(g_rt, 0, g_cpu_only_method, in, 8, &f));
+  assert_status(CHI_ERR_NOT_FOUND, chi_wait(g_rt, f, GT_WAIT_NS, out, 64, &osz));
+  /* Oversized input refused at submit. */
+  static uint8_t big[1 << 20];
+  assert_status(CHI_ERR_TOO_LARGE, chi_submit(g_rt, 0, CHI_METHOD_ECHO, big, g_max + 1, &f));
+  assert_has_message();
+  int32_t count = 0;
+  assert_status(CHI_OK, chi_gpu_count(g_rt, &count));
+  assert_status(CHI_ERR_INVALID, chi_submit(g_rt, count, CHI_METHOD_ECHO, in, 8, &f));
+  /* Many releases of unfinished tasks: their slots come back. */
+  for (long i = 0, n = chi_test_scaled(5000); i < n; ++i) {
+    chi_status_t s;
+    while ((s = chi_submit(g_rt, 0, CHI_METHOD_CHECKSUM, big, 4096, &f)) == CHI_ERR_AGAIN) {
+    }
+    assert_status(CHI_OK, s);
+    assert_status(CHI_OK, chi_release(g_rt, f));
+  }
+  assert_status(CHI_OK, chi_submit(g_rt, 0, CHI_METHOD_ECHO, in, 64, &f));
+  assert_status(CHI_OK, chi_wait(g_rt, f, GT_WAIT_NS, out, 64, &osz));
+}
+
+static void test_d2h_payloads(void **state) {
+  (void)state;
+  run_payloads(CHI_ROUTE_CPU);
+}
+
+static void test_d2d_payloads(void **state) {
+  (void)state;
+  run_payloads(CHI_ROUTE_LOCAL);
+  run_payloads(CHI_ROUTE_GPU(0));
+}
+
+static void test_d2h_errors(void **state) {
+  (void)state;
+  run_errors(CHI_ROUTE_CPU);
+}
+
+static void test_d2d_errors(void **state) {
+  (void)state;
+  run_errors(CHI_ROUTE_LOCAL);
+}
+
+static void test_d2h_source(void **state) {
+  (void)state;
+  k_source<<<1, 1, 0, g_stream>>>(g_ctx, g_source_method, g_st);
+  sync_stream();
+  assert_status(CHI_OK, g_st[0]);
+  assert_status(CHI_OK, g_st[1]);
+  assert_int_equal(g_st[2], 0); /* GPU 0 */
+  assert_int_equal(g_st[3], 4);
+}
+
+static void test_d2h_many_warps(void **state) {
+  (void)state;
+  run_many(CHI_ROUTE_CPU);
+}
+
+static void test_d2d_many_warps(void **state) {
+  (void)state;
+  run_many(CHI_ROUTE_LOCAL);
+}
+
+static void test_diverged_lanes(void **state) {
+  (void)state;
+  run_diverged(CHI_ROUTE_CPU);
+  run_diverged(CHI_ROUTE_LOCAL);
+}
+
+static void test_device_timeout(void **state) {
+  (void)state;
+  k_timeout<<<1, 1, 0, g_stream>>>(g_ctx, g_sleep_method, g_st);
+  sync_stream();
+  assert_status(CHI_OK, g_st[0]);
+  assert_status(CHI_ERR_TIMEOUT, g_st[1]);
+  assert_status(CHI_OK, g_st[2]);
+  assert_int_equal(g_st[3], 0);
+}
+
+static void pause_load_thread(int id, std::atomic<bool> *stop, std::atomic<long> *bad,
+                              std::atomic<long> *ok) {
+  uint8_t in[64], out[64];
+  uint64_t seq = 0;
+  while (!stop->load()) {
+    gt_fill(in, 64, (uint64_t)id << 32 | seq++);
+    chi_future_t f;
+    size_t osz = 0;
+    chi_status_t s = chi_submit(g_rt, 0, CHI_METHOD_ECHO, in, 64, &f);
+    if (s == CHI_ERR_AGAIN) continue;
+    if (s == CHI_OK) s = chi_wait(g_rt, f, GT_WAIT_NS, out, 64, &osz);
+    if (s != CHI_OK || osz != 64 || memcmp(in, out, 64) != 0) ++*bad;
+    else ++*ok;
+  }
+}
+
+static void test_pause_resume(void **state) {
+  (void)state;
+  std::atomic<bool> stop{false};
+  std::atomic<long> bad{0}, ok{0};
+  std::vector<std::thread> th;
+  for (int t = 0; t < 4; ++t) th.emplace_back(pause_load_thread, t, &stop, &bad, &ok);
+  for (int i = 0; i < 20; ++i) {
+    sleep_ms(3);
+    assert_status(CHI_OK, chi_gpu_pause(g_rt, 0));
+    assert_status(CHI_OK, chi_gpu_pause(g_rt, 0)); /* no-op */
+    sleep_ms(2);
+    assert_status(CHI_OK, chi_gpu_resume(g_rt, -1));
+  }
+  stop = true;
+  for (auto &t : th) t.join();
+  assert_int_equal(bad.load(), 0);
+  assert_true(ok.load() > 0);
+
+  /* Paused: host tasks wait, GPU->CPU tasks still run (CPU pollers), and
+   * device-wide synchronization returns. */
+  uint8_t in[64], out[64];
+  gt_fill(in, 64, 3);
+  chi_future_t f;
+  size_t osz = 0;
+  int done = 1;
+  assert_status(CHI_OK, chi_gpu_pause(g_rt, -1));
+  assert_status(CHI_OK, chi_submit(g_rt, 0, CHI_METHOD_ECHO, in, 64, &f));
+  sleep_ms(20);
+  assert_status(CHI_OK, chi_test(g_rt, f, &done));
+  assert_int_equal(done, 0);
+  assert_status(CHI_ERR_TIMEOUT, chi_wait(g_rt, f, 1000000, out, 64, &osz));
+  CK(cudaDeviceSynchronize());
+  run_payloads(CHI_ROUTE_CPU);
+  assert_status(CHI_OK, chi_gpu_resume(g_rt, 0));
+  assert_status(CHI_OK, chi_gpu_resume(g_rt, 0)); /* no-op */
+  assert_status(CHI_OK, chi_wait(g_rt, f, GT_WAIT_NS, out, 64, &osz));
+  assert_memory_equal(in, out, 64);
+  assert_status(CHI_ERR_INVALID, chi_gpu_pause(g_rt, 99));
+}
+
+static void test_regions(void **state) {
+  (void)state;
+  const size_t size = 1 << 20;
+  uint8_t *buf = g_scratch + (8u << 20); /* inside the 16 MiB allocation */
+  uint64_t region = 0, other = 0;
+  assert_status(CHI_OK, chi_register_gpu_mem(g_rt, 0, buf, size, &region));
+  assert_true(region != 0);
+  /* Not on that GPU / not device memory / past the allocation's end. */
+  static uint8_t host[64];
+  assert_status(CHI_ERR_INVALID, chi_register_gpu_mem(g_rt, 0, host, sizeof host, &other));
+  assert_status(CHI_ERR_INVALID, chi_register_gpu_mem(g_rt, 0, g_st, 64, &other));
+  assert_status(CHI_ERR_INVALID,
+                chi_register_gpu_mem(g_rt, 0, g_scratch + SCRATCH_BYTES - 16, 4096, &other));
+  /* Host-side resolution. */
+  chi_mem_ref_t ref = {region, 100, 200};
+  void *p = NULL;
+  int32_t gpu = -5;
+  assert_status(CHI_OK, chi_mem_resolve(g_rt, &ref, &p, &gpu));
+  assert_ptr_equal(p, buf + 100);
+  assert_int_equal(gpu, 0);
+
+  chi_mem_ref_t *refs = g_refs;
+  uint64_t *ptrs = g_ptrs;
+  refs[0] = chi_mem_ref_t{region, 0, size};             /* all of it */
+  refs[1] = chi_mem_ref_t{region, 4096, 1};             /* inside */
+  refs[2] = chi_mem_ref_t{region, size, 0};             /* empty, at the end */
+  refs[3] = chi_mem_ref_t{region, size - 8, 9};         /* one byte past */
+  refs[4] = chi_mem_ref_t{region, ~0ull - 4, 16};       /* overflowing sum */
+  refs[5] = chi_mem_ref_t{region + (1ull << 32), 0, 1}; /* stale generation */
+  refs[6] = chi_mem_ref_t{0, 0, 1};                     /* no region */
+  refs[7] = chi_mem_ref_t{region + 1, 0, 1};            /* other index */
+  k_resolve<<<1, 8, 0, g_stream>>>(g_ctx, refs, 8, g_st, ptrs);
+  sync_stream();
+  const chi_status_t want[8] = {CHI_OK, CHI_OK, CHI_OK, CHI_ERR_INVALID,
+                                CHI_ERR_INVALID, CHI_ERR_INVALID, CHI_ERR_INVALID, CHI_ERR_INVALID};
+  for (int i = 0; i < 8; ++i)
+    if (g_st[i] != want[i])
+      fail_msg("reference %d: got %d (%s), want %d", i, g_st[i], chi_status_string(g_st[i]), want[i]);
+  assert_true(ptrs[0] == (uint64_t)buf);
+  assert_true(ptrs[1] == (uint64_t)(buf + 4096));
+  /* Unregistered: the device refuses it too. */
+  assert_status(CHI_OK, chi_unregister_mem(g_rt, region));
+  k_resolve<<<1, 8, 0, g_stream>>>(g_ctx, refs, 2, g_st, ptrs);
+  sync_stream();
+  assert_status(CHI_ERR_INVALID, g_st[0]);
+  assert_status(CHI_ERR_INVALID, g_st[1]);
+  /* The entry reused by a new registration: the old id stays dead. */
+  assert_status(CHI_OK, chi_register_gpu_mem(g_rt, 0, buf, 64, &other));
+  refs[2] = chi_mem_ref_t{other, 0, 64};
+  k_resolve<<<1, 8, 0, g_stream>>>(g_ctx, refs, 3, g_st, ptrs);
+  sync_stream();
+  assert_status(CHI_ERR_INVALID, g_st[0]);
+  assert_status(CHI_OK, g_st[2]);
+  assert_status(CHI_OK, chi_unregister_mem(g_rt, other));
+}
+
+static void test_second_gpu(void **state) {
+  (void)state;
+  int32_t count = 0;
+  assert_status(CHI_OK, chi_gpu_count(g_rt, &count));
+  if (count < 2) {
+    printf("# one GPU: CHI_ROUTE_GPU(1) not exercised\n");
+    skip();
+  }
+  uint8_t in[64], out[64];
+  gt_fill(in, 64, 11);
+  chi_future_t f;
+  size_t osz = 0;
+  for (int i = 0; i < 100; ++i) {
+    assert_status(CHI_OK, chi_submit(g_rt, CHI_ROUTE_GPU(1), CHI_METHOD_ECHO, in, 64, &f));
+    assert_status(CHI_OK, chi_wait(g_rt, f, GT_WAIT_NS, out, 64, &osz));
+    assert_memory_equal(in, out, 64);
+  }
+  assert_status(CHI_OK, chi_gpu_pause(g_rt, 1));
+  assert_status(CHI_OK, chi_gpu_resume(g_rt, 1));
+}
+
+int main(void) {
+  setvbuf(stdout, NULL, _IONBF, 0);
+  if (!gt_have_cuda()) {
+    printf("# no CUDA device\n");
+    return 77;
+  }
+  chi_config_t cfg;
+  chi_config_init(&cfg);
+  chi_status_t s = chi_init(&cfg, &g_rt);
+  if (s != CHI_OK) {
+    fprintf(stderr, "chi_init: %s: %s\n", chi_status_string(s), chi_last_error_message());
+    return 1;
+  }
+  int32_t count = 0;
+  chi_gpu_count(g_rt, &count);
+  if (count == 0) {
+    printf("# chimaera found no usable GPU\n");
+    chi_finalize(g_rt);
+    return 77;
+  }
+  if (chi_gpu_context(g_rt, 0, &g_ctx) != CHI_OK) return 1;
+  g_max = reinterpret_cast<const chi_dev_ctx_layout_t *>(&g_ctx)->max_payload;
+  chi_register_handler(g_rt, "test.sleep", h_sleep, NULL, &g_sleep_method);
+  chi_register_handler(g_rt, "test.source", h_source, NULL, &g_source_method);
+  chi_register_handler(g_rt, "test.cpu_only", h_cpu_only, NULL, &g_cpu_only_method);
+  if (cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaMalloc((void **)&g_scratch, SCRATCH_BYTES) != cudaSuccess ||
+      cudaHostAlloc((void **)&g_st, 64 * sizeof(int32_t), cudaHostAllocMapped) != cudaSuccess ||
+      cudaHostAlloc((void **)&g_val, 64 * sizeof(uint32_t), cudaHostAllocMapped) != cudaSuccess ||
+      cudaHostAlloc((void **)&g_cnt, 8 * sizeof(unsigned long long), cudaHostAllocMapped) !=
+          cudaSuccess ||
+      cudaHostAlloc((void **)&g_refs, 8 * sizeof(chi_mem_ref_t), cudaHostAllocMapped) != cudaSuccess ||
+      cudaHostAlloc((void **)&g_ptrs, 8 * sizeof(uint64_t), cudaHostAllocMapped) != cudaSuccess)
+    return 1;
+
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_h2d_payloads),   cmocka_unit_test(test_h2d_errors),
+      cmocka_unit_test(test_h2d_threads),    cmocka_unit_test(test_d2h_payloads),
+      cmocka_unit_test(test_d2d_payloads),   cmocka_unit_test(test_d2h_errors),
+      cmocka_unit_test(test_d2d_errors),     cmocka_unit_test(test_d2h_source),
+      cmocka_unit_test(test_device_timeout), cmocka_unit_test(test_d2h_many_warps),
+      cmocka_unit_test(test_d2d_many_warps), cmocka_unit_test(test_diverged_lanes),
+      cmocka_unit_test(test_pause_resume),   cmocka_unit_test(test_regions),
+      cmocka_unit_test(test_second_gpu),
+  };
+  int failed = chi_test_run("gpu", tests);
+  /* Whatever failed, the orchestrators stop here; only then may memory be freed. */
+  s = chi_finalize(g_rt);
+  if (s != CHI_OK) {
+    fprintf(stderr, "chi_finalize: %s: %s\n", chi_status_string(s), chi_last_error_message());
+    failed++;
+  }
+  cudaFree(g_scratch);
+  cudaFreeHost(g_st);
+  cudaFreeHost(g_val);
+  cudaFreeHost(g_cnt);
+  cudaFreeHost(g_refs);
+  cudaFreeHost(g_ptrs);
+  cudaStreamDestroy(g_stream);
+  return failed ? 1 : 0;
+}
