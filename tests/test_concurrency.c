@@ -45,6 +45,48 @@ static void sleep_ms(long ms) {
   nanosleep(&ts, NULL);
 }
 
+/* Deadlock detection: a waiter gives up when a progress counter (tasks
+ * finished, pool-wide) did not move for 10 s, so that a lost task or a stuck
+ * pool fails the test with a message instead of hanging until ctest kills
+ * it.  It bounds no work, only a total standstill.  A test that saw a stall
+ * leaves its runtime unfinalized: finalize could hang too. */
+typedef struct progress {
+  atomic_long *counter;
+  long seen;
+  struct timespec since;
+} progress_t;
+
+static void progress_init(progress_t *p, atomic_long *counter) {
+  p->counter = counter;
+  p->seen = atomic_load(counter);
+  clock_gettime(CLOCK_MONOTONIC, &p->since);
+}
+
+static int progress_stalled(progress_t *p) {
+  long now = atomic_load(p->counter);
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  if (now != p->seen) {
+    p->seen = now;
+    p->since = t;
+    return 0;
+  }
+  return t.tv_sec - p->since.tv_sec > 10;
+}
+
+/* chi_wait(-1) with stall detection: CHI_ERR_TIMEOUT means a standstill. */
+static chi_status_t wait_watched(chi_runtime_t *rt, chi_future_t f, void *out, size_t cap,
+                                 size_t *out_size, atomic_long *counter) {
+  progress_t pr;
+  progress_init(&pr, counter);
+  for (;;) {
+    chi_status_t s = chi_wait(rt, f, 1000000000LL, out, cap, out_size);
+    if (s != CHI_ERR_TIMEOUT || progress_stalled(&pr)) return s;
+  }
+}
+
+#define STALL_MESSAGE "no task finished for 10 s: a task was lost or the pool deadlocked"
+
 /* test.reverse: output = input reversed, then the FNV-1a of the input. */
 static atomic_long reverse_calls;
 
@@ -77,31 +119,44 @@ typedef struct pending {
   unsigned char in[kMaxInput];
 } pending_t;
 
-/* Takes one result, by one of three styles picked by `style`, and checks it. */
-static void finish(chi_runtime_t *rt, pending_t *p, unsigned style) {
+/* Takes one result, by one of three styles picked by `style`, and checks it.
+ * Returns 0, or -1 when the pool stood still (the thread then gives up). */
+static int finish(chi_runtime_t *rt, pending_t *p, unsigned style) {
   unsigned char out[kMaxInput + 8];
   size_t sz = 0;
   chi_status_t s;
+  progress_t pr;
+  progress_init(&pr, &reverse_calls);
   if (style == 0) {
     int done = 0;
-    do {
+    for (;;) {
       s = chi_test(rt, p->f, &done);
       if (s != CHI_OK) {
         record_failure("chi_test", s);
-        return;
+        return 0;
       }
-      if (!done) sched_yield();
-    } while (!done);
+      if (done) break;
+      if (progress_stalled(&pr)) {
+        record_failure(STALL_MESSAGE, CHI_ERR_TIMEOUT);
+        return -1;
+      }
+      sched_yield();
+    }
     s = chi_wait(rt, p->f, 0, out, sizeof out, &sz);
   } else if (style == 1) {
-    s = chi_wait(rt, p->f, -1, out, sizeof out, &sz);
+    s = wait_watched(rt, p->f, out, sizeof out, &sz, &reverse_calls);
   } else {
-    while ((s = chi_wait(rt, p->f, 1000000, out, sizeof out, &sz)) == CHI_ERR_TIMEOUT) {
+    while ((s = chi_wait(rt, p->f, 1000000, out, sizeof out, &sz)) == CHI_ERR_TIMEOUT &&
+           !progress_stalled(&pr)) {
     }
+  }
+  if (s == CHI_ERR_TIMEOUT) {
+    record_failure(STALL_MESSAGE, s);
+    return -1;
   }
   if (s != CHI_OK) {
     record_failure("chi_wait", s);
-    return;
+    return 0;
   }
   int ok = sz == p->size + 8;
   for (size_t i = 0; ok && i < p->size; i++) ok = out[i] == p->in[p->size - 1 - i];
@@ -109,6 +164,7 @@ static void finish(chi_runtime_t *rt, pending_t *p, unsigned style) {
   memcpy(&h, out + p->size, 8);
   ok = ok && h == chi_test_fnv1a(p->in, p->size);
   CHECK(ok, "wrong result", s);
+  return 0;
 }
 
 static void *storm_thread(void *varg) {
@@ -132,7 +188,7 @@ static void *storm_thread(void *varg) {
       }
       head++;
     } else {
-      finish(a->rt, &win[tail % kWindow], (unsigned)(chi_test_rand(&seed) % 3));
+      if (finish(a->rt, &win[tail % kWindow], (unsigned)(chi_test_rand(&seed) % 3)) != 0) break;
       tail++;
     }
   }
@@ -156,7 +212,7 @@ static void test_submit_storm(void **state) {
     assert_int_equal(pthread_create(&t[i], NULL, storm_thread, &args[i]), 0);
   }
   join_all(t, kThreads);
-  assert_no_failures();
+  assert_no_failures(); /* a stalled runtime is left behind */
   assert_int_equal(atomic_load(&reverse_calls), per_thread * kThreads);
   assert_status(CHI_OK, chi_finalize(rt));
 }
@@ -179,20 +235,6 @@ typedef struct tree_ctx {
   atomic_long calls;
   atomic_long finished;
 } tree_ctx_t;
-
-/* chi_wait(-1) that gives up when no tree node at all finished for five
- * seconds: the pool is then deadlocked, and the test fails instead of hanging
- * until ctest kills it.  Not a time bound on the work, only on no progress. */
-static chi_status_t wait_progressing(tree_ctx_t *ctx, chi_future_t f, uint64_t *r) {
-  long seen = atomic_load(&ctx->finished);
-  for (;;) {
-    chi_status_t s = chi_wait(ctx->rt, f, 5000000000LL, r, sizeof *r, NULL);
-    if (s != CHI_ERR_TIMEOUT) return s;
-    long now = atomic_load(&ctx->finished);
-    if (now == seen) return CHI_ERR_TIMEOUT;
-    seen = now;
-  }
-}
 
 static chi_status_t tree_handler(chi_request_t *req, void *user_data) {
   tree_ctx_t *ctx = user_data;
@@ -276,9 +318,10 @@ static void *tree_thread(void *varg) {
       head++;
     } else {
       uint64_t r = 0;
-      chi_status_t s = wait_progressing(a->ctx, f[tail % kRootWindow], &r);
+      chi_status_t s =
+          wait_watched(a->ctx->rt, f[tail % kRootWindow], &r, sizeof r, NULL, &a->ctx->finished);
       if (s == CHI_ERR_TIMEOUT) {
-        record_failure("no tree node finished for 5 s: nested waits deadlocked", s);
+        record_failure(STALL_MESSAGE, s);
         return NULL;
       }
       CHECK(s == CHI_OK, "wait root", s);
@@ -351,10 +394,10 @@ static void test_nested_wide(void **state) {
   chi_test_gate_open(&busy_gate);
   for (int i = 0; i < kParents; i++) {
     uint64_t r = ~0ull;
-    chi_status_t s = wait_progressing(ctx, f[i], &r);
+    chi_status_t s = wait_watched(ctx->rt, f[i], &r, sizeof r, NULL, &ctx->finished);
     if (s == CHI_ERR_TIMEOUT)
-      fail_msg("parent %d: no task finished for 5 s (%ld of %d parents and children done): "
-               "nested waits deadlocked", i, atomic_load(&ctx->finished), 2 * kParents);
+      fail_msg("parent %d: %s (%ld of %d parents and children done)", i, STALL_MESSAGE,
+               atomic_load(&ctx->finished), 2 * kParents);
     assert_status(CHI_OK, s);
     assert_true(r == (uint64_t)i);
   }
@@ -536,6 +579,8 @@ static void *nonblocking_thread(void *varg) {
   chi_future_t f[kWindow];
   uint64_t v[kWindow];
   long head = 0, tail = 0;
+  progress_t pr;
+  progress_init(&pr, &count_calls);
   while (tail < a->tasks) {
     chi_status_t s = CHI_ERR_AGAIN;
     if (head < a->tasks && head - tail < kWindow) {
@@ -553,11 +598,19 @@ static void *nonblocking_thread(void *varg) {
       a->again++;
     }
     if (tail == head) {
+      if (progress_stalled(&pr)) {
+        record_failure(STALL_MESSAGE, CHI_ERR_AGAIN);
+        return NULL;
+      }
       sched_yield(); /* others hold every slot */
       continue;
     }
     uint64_t r = 0;
-    s = chi_wait(a->rt, f[tail % kWindow], -1, &r, 8, NULL);
+    s = wait_watched(a->rt, f[tail % kWindow], &r, 8, NULL, &count_calls);
+    if (s == CHI_ERR_TIMEOUT) {
+      record_failure(STALL_MESSAGE, s);
+      return NULL;
+    }
     CHECK(s == CHI_OK && r == 3 * v[tail % kWindow] + 1, "non-blocking result", s);
     tail++;
   }
@@ -580,7 +633,7 @@ static void test_nonblocking_submitters(void **state) {
     assert_int_equal(pthread_create(&t[i], NULL, nonblocking_thread, &args[i]), 0);
   }
   join_all(t, kThreads);
-  assert_no_failures();
+  assert_no_failures(); /* a stalled runtime is left behind */
   long again = 0;
   for (int i = 0; i < kThreads; i++) again += args[i].again;
   /* Each thread wants 16 tasks in flight and there are 8 slots. */

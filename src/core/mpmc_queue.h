@@ -2,6 +2,8 @@
 // design): one CAS per push or pop, no allocation after init.
 #pragma once
 
+#include <sched.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -19,8 +21,11 @@ class MpmcQueue {
     tail_.store(0, std::memory_order_relaxed);
   }
 
+  // The caller guarantees that at most capacity values are ever in the
+  // queue; push then always succeeds (it may wait for a slow consumer).
   bool push(uint32_t value) {
     uint64_t pos = tail_.load(std::memory_order_relaxed);
+    unsigned waits = 0;
     for (;;) {
       Cell &c = cells_[pos & mask_];
       uint64_t seq = c.seq.load(std::memory_order_acquire);
@@ -32,7 +37,11 @@ class MpmcQueue {
           return true;
         }
       } else if (diff < 0) {
-        return false;  // full
+        // The cell's consumer from the previous lap has claimed it but not
+        // handed it back yet (it may be descheduled).  Callers never have
+        // more than capacity entries in flight, so it will: wait for it.
+        if (++waits % 64 == 0) sched_yield();
+        pos = tail_.load(std::memory_order_relaxed);
       } else {
         pos = tail_.load(std::memory_order_relaxed);
       }

@@ -4,6 +4,8 @@
 // method and the input in the same two cache lines.
 #pragma once
 
+#include <sched.h>
+
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -29,9 +31,11 @@ class RunQueue {
   }
 
   // input is copied when input_size <= kInline; larger inputs must already
-  // be in the slot's input buffer.  False when full.
+  // be in the slot's input buffer.  The caller guarantees that at most
+  // capacity tasks are ever queued; push then always succeeds.
   bool push(const QueuedTask &t, const void *input) {
     uint64_t pos = tail_.load(std::memory_order_relaxed);
+    unsigned waits = 0;
     for (;;) {
       Cell &c = cells_[pos & mask_];
       uint64_t seq = c.seq.load(std::memory_order_acquire);
@@ -46,7 +50,13 @@ class RunQueue {
           return true;
         }
       } else if (diff < 0) {
-        return false;
+        // The cell's consumer from the previous lap has claimed it but not
+        // handed it back yet (it may be descheduled).  Callers never have
+        // more than capacity entries in flight, so it will: wait for it.
+        // Reporting "full" here would drop a task while the queue is nearly
+        // empty.
+        if (++waits % 64 == 0) sched_yield();
+        pos = tail_.load(std::memory_order_relaxed);
       } else {
         pos = tail_.load(std::memory_order_relaxed);
       }
