@@ -95,7 +95,7 @@ esac
 # shellcheck disable=SC2086 # word splitting of the flags is intended
 "$cc" -std=c99 -Wall -Wextra -Werror $flags "$here/consumer.c" -o "$work/consumer-pc" $pcflags ||
   fail "building the consumer with pkg-config flags"
-LD_LIBRARY_PATH="$libdir" "$work/consumer-pc" >"$work/consumer-pc.out" ||
+LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$work/consumer-pc" >"$work/consumer-pc.out" ||
   fail "consumer (pkg-config) exited with $?"
 check_output "$work/consumer-pc.out"
 
@@ -107,7 +107,7 @@ echo "== consumer through find_package(chimaera)"
   { cat "$work/consumer-cmake.log" >&2; fail "configuring the CMake consumer"; }
 "$cmake" --build "$work/consumer-cmake" >>"$work/consumer-cmake.log" 2>&1 ||
   { cat "$work/consumer-cmake.log" >&2; fail "building the CMake consumer"; }
-LD_LIBRARY_PATH="$libdir" "$work/consumer-cmake/consumer" >"$work/consumer-cmake.out" ||
+LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$work/consumer-cmake/consumer" >"$work/consumer-cmake.out" ||
   fail "consumer (CMake) exited with $?"
 check_output "$work/consumer-cmake.out"
 
