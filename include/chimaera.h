@@ -219,6 +219,10 @@ CHI_API chi_status_t chi_submit(chi_runtime_t *rt, chi_route_t route, chi_method
  *                      the result: *output_size says the size needed.
  * Returns CHI_ERR_INVALID for NULL rt, future 0, a future already consumed,
  * released, from another runtime or never issued.
+ * Handlers should not return CHI_ERR_TIMEOUT or CHI_ERR_TOO_LARGE themselves:
+ * such a result consumes the future like any handler status, and the caller
+ * can only tell it from the two cases above with chi_test (CHI_ERR_INVALID
+ * once consumed).
  * Thread safety: safe; one future is consumed by exactly one caller, other
  * callers of the same future then get CHI_ERR_INVALID. */
 CHI_API chi_status_t chi_wait(chi_runtime_t *rt, chi_future_t future, int64_t timeout_ns,
