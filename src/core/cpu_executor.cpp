@@ -25,9 +25,15 @@ enum : uint32_t {
   kSleeper = 0x80,  // a waiter sleeps on the word: completion must wake it
 };
 
-inline uint32_t make_state(uint32_t gen, uint32_t st) { return (gen << 8) | st; }
-inline uint32_t gen_of(uint32_t word) { return word >> 8; }
-inline uint32_t state_of(uint32_t word) { return word & kStateMask; }
+inline uint32_t make_state(uint32_t gen, uint32_t st) {
+  return (gen << 8) | st;
+}
+inline uint32_t gen_of(uint32_t word) {
+  return word >> 8;
+}
+inline uint32_t state_of(uint32_t word) {
+  return word & kStateMask;
+}
 
 // Nested chi_wait calls on a worker run queued tasks while they wait.  Past
 // this depth they run only their own worker's queue (the children of the
@@ -56,7 +62,6 @@ struct CpuExecutor::Slot {
   uint32_t output_size;
   chi_method_t method;
 };
-
 
 CpuExecutor::CpuExecutor(const Config &cfg, const Registry &reg, const void *owner)
     : cfg_(cfg), reg_(reg), owner_(owner) {}
@@ -92,6 +97,11 @@ chi_status_t CpuExecutor::start() {
   for (uint32_t i = 0; i < cfg_.workers; ++i) local_[i].init(nslots_);
   for (uint32_t i = nslots_; i-- > 0;) free_.push(i);
   uint32_t n = cfg_.workers;
+  // At most half the CPUs spin idle: with more spinners than cores, the
+  // spinning workers and the threads that submit and wait time-slice, and a
+  // round trip costs a scheduler tick instead of a cache-line transfer.
+  unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
+  max_spinners_ = int32_t(std::max(1u, std::min(n, cpus / 2)));
   try {
     for (uint32_t i = 0; i < n; ++i) workers_.emplace_back(&CpuExecutor::worker_main, this, i);
   } catch (const std::exception &e) {
@@ -126,7 +136,9 @@ uint8_t *CpuExecutor::input_dst(void *self, uint32_t slot) {
   return static_cast<CpuExecutor *>(self)->input_of(slot);
 }
 
-bool CpuExecutor::on_worker_thread() const { return tls_pool == this; }
+bool CpuExecutor::on_worker_thread() const {
+  return tls_pool == this;
+}
 
 bool CpuExecutor::acquire_slot(uint32_t *index, bool may_block) {
   if (free_.pop(index)) return true;
@@ -184,7 +196,8 @@ chi_status_t CpuExecutor::submit(chi_method_t method, const void *input, size_t 
   s->method = method;
   if (input_size > RunQueue::kInline) std::memcpy(input_of(index), input, input_size);
   s->state.store(make_state(g, kPending), std::memory_order_relaxed);
-  // Never full: a queue holds at most nslots_ entries.  The push publishes the slot.
+  // Never full: a queue holds at most nslots_ entries.  The push publishes the
+  // slot.
   QueuedTask task{index, method, uint32_t(input_size)};
   (worker ? local_[tls_worker] : run_).push(task, input);
   notify_worker();
@@ -197,11 +210,11 @@ chi_status_t CpuExecutor::submit(chi_method_t method, const void *input, size_t 
 // spinning worker will take the task, and a futex wake costs microseconds.
 void CpuExecutor::notify_worker() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
+  // sleepers_ first: it rarely changes, so its line stays shared and cheap.
+  if (sleepers_.load(std::memory_order_seq_cst) == 0) return;
   if (spinners_.load(std::memory_order_seq_cst) > 0) return;
-  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
-    idle_seq_.fetch_add(1, std::memory_order_release);
-    futex_wake(&idle_seq_, 1);
-  }
+  idle_seq_.fetch_add(1, std::memory_order_release);
+  futex_wake(&idle_seq_, 1);
 }
 
 void CpuExecutor::run_task(const QueuedTask &task) {
@@ -257,16 +270,19 @@ void CpuExecutor::worker_main(unsigned id) {
       run_task(task);
       continue;
     }
-    spinners_.fetch_add(1, std::memory_order_seq_cst);
-    int64_t spin_end = now_ns() + cfg_.spin_ns;
     bool found = false;
-    for (unsigned polls = 1;; ++polls) {
-      if (any_task()) {
-        found = true;
-        break;
+    if (spinners_.fetch_add(1, std::memory_order_seq_cst) >= max_spinners_) {
+      // Enough workers spin already: skip straight to the sleep protocol.
+    } else {
+      int64_t spin_end = now_ns() + cfg_.spin_ns;
+      for (unsigned polls = 1;; ++polls) {
+        if (any_task()) {
+          found = true;
+          break;
+        }
+        if (polls % kPollsPerClockRead == 0 && now_ns() >= spin_end) break;
+        cpu_relax();
       }
-      if (polls % kPollsPerClockRead == 0 && now_ns() >= spin_end) break;
-      cpu_relax();
     }
     // Sleep: announce it, then re-check, so a producer either sees us
     // spinning or asleep, or we see its task (both sides fence between
@@ -338,9 +354,8 @@ chi_status_t CpuExecutor::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, 
     }
     // Sleep on the slot word; the worker wakes sleepers when it sees kSleeper.
     uint32_t want = w | kSleeper;
-    if (w != want &&
-        !s->state.compare_exchange_strong(w, want, std::memory_order_acq_rel,
-                                          std::memory_order_acquire))
+    if (w != want && !s->state.compare_exchange_strong(w, want, std::memory_order_acq_rel,
+                                                       std::memory_order_acquire))
       continue;
     int64_t left = -1;
     if (timeout_ns >= 0) left = timeout_ns - (now_ns() - start);
@@ -353,8 +368,8 @@ chi_status_t CpuExecutor::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, 
   size_t size = s->output_size;
   if (output && output_capacity < size) {
     if (output_size) *output_size = size;
-    return set_error(CHI_ERR_TOO_LARGE, "output of %zu bytes does not fit a %zu-byte buffer",
-                     size, output_capacity);
+    return set_error(CHI_ERR_TOO_LARGE, "output of %zu bytes does not fit a %zu-byte buffer", size,
+                     output_capacity);
   }
   // Claim: of several threads waiting on one future, exactly one consumes it.
   if (!s->state.compare_exchange_strong(w, make_state(gen, kClaimed), std::memory_order_acquire))
@@ -385,8 +400,7 @@ chi_status_t CpuExecutor::release(uint32_t slot, uint32_t gen) {
       if (s->state.compare_exchange_weak(w, make_state(gen, kOrphan), std::memory_order_acq_rel))
         return CHI_OK;
     } else if (st == kDone) {
-      if (s->state.compare_exchange_weak(w, make_state(gen, kClaimed),
-                                         std::memory_order_acq_rel)) {
+      if (s->state.compare_exchange_weak(w, make_state(gen, kClaimed), std::memory_order_acq_rel)) {
         free_slot(slot);
         return CHI_OK;
       }
