@@ -41,6 +41,14 @@ bool CpuPoller::serve(uint64_t ticket, unsigned char *in, unsigned char *out) {
   const uint32_t flag = uint32_t(ticket) + 1;
   uint64_t w0 = ll_load(e);
   if (ll_flag(w0) != flag) return false;
+  // Under load the next entries of this thread are likely written already:
+  // start their cache misses now, so they overlap this entry's handler.
+  const uint32_t step = shape_.cpu_pollers;
+  for (uint32_t k = 1; k <= 2; ++k) {
+    const char *n = reinterpret_cast<const char *>(
+        ring_ + ((ticket + k * step) & (shape_.d2h_ring_entries - 1)) * CHI_DEV_LL_WORDS);
+    for (uint32_t b = 0; b < CHI_DEV_LL_WORDS * 8; b += 64) __builtin_prefetch(n + b);
+  }
   // The header's words are one 16-byte store each; the data words came before.
   uint64_t w[4] = {w0, 0, 0, 0};
   for (int i = 1; i < 4; ++i)

@@ -140,6 +140,7 @@ chi_status_t GpuDevice::allocate() {
   l.d2h_tail = reinterpret_cast<uint64_t *>(dev_ + d2h_tail);
   l.regions = reinterpret_cast<chi_dev_regions_t *>(dev_ + regions);
   l.d2h_ring_entries = s.d2h_ring_entries;
+  l.wait_spin_ns = s.wait_spin_ns;
 
   chi_dev_orch_state_t os;
   std::memset(&os, 0, sizeof os);

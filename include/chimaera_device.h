@@ -47,7 +47,7 @@
  * library and user kernels compile the same definitions; CHI_DEV_ABI_VERSION
  * changes whenever one of them does. */
 
-#define CHI_DEV_ABI_VERSION 1u
+#define CHI_DEV_ABI_VERSION 2u
 #define CHI_DEV_CTX_MAGIC 0x43484944u /* "CHID" */
 
 /* An LL record: 32 eight-byte words, each {uint32 data, uint32 flag}.  Words
@@ -112,7 +112,7 @@ typedef struct chi_dev_ctx_layout {
   uint64_t *d2h_tail;
   chi_dev_regions_t *regions;
   uint32_t d2h_ring_entries; /* slots x CPU pollers */
-  uint32_t reserved;
+  uint32_t wait_spin_ns;     /* chi_dev_wait polls without a pause this long, then backs off */
 } chi_dev_ctx_layout_t;
 
 /* The orchestrator's state in device memory, passed to its kernel. */
@@ -207,7 +207,7 @@ CHI_DEVICE int32_t bitmap_alloc(uint32_t *bm, uint32_t nslots) {
   const uint32_t start = search_start(nwords);
   /* First a guess (one atomic, no read before it): mostly free when few slots are in use. */
   const uint32_t guess = (start * 7u + chi_port::lane_id()) & 31u;
-  uint32_t v = chi_port::fetch_or_acq_rel_dev(bm + start, 1u << guess);
+  uint32_t v = chi_port::fetch_or_acquire_dev(bm + start, 1u << guess);
   if (!(v & (1u << guess))) return static_cast<int32_t>(start * 32u + guess);
   v |= 1u << guess;
   for (uint32_t i = 0; i < nwords; ++i) {
@@ -215,7 +215,7 @@ CHI_DEVICE int32_t bitmap_alloc(uint32_t *bm, uint32_t nslots) {
     if (i) v = chi_port::ld_relaxed_dev(bm + w);
     while (v != 0xFFFFFFFFu) {
       uint32_t bit = static_cast<uint32_t>(chi_port::ffs32(~v) - 1);
-      uint32_t old = chi_port::fetch_or_acq_rel_dev(bm + w, 1u << bit);
+      uint32_t old = chi_port::fetch_or_acquire_dev(bm + w, 1u << bit);
       if (!(old & (1u << bit))) return static_cast<int32_t>(w * 32u + bit);
       v = old | (1u << bit);
     }
@@ -273,25 +273,49 @@ CHI_DEVICE bool queue_push_at(const chi_dev_layout *l, uint64_t t, uint32_t valu
   chi_port::st_release_dev(cell, (static_cast<uint64_t>(static_cast<uint32_t>(t + 1u)) << 32) | value);
   return true;
 }
-/* Pops one slot index, or returns -1 when the queue is empty. */
-CHI_DEVICE int64_t queue_pop(const chi_dev_layout *l) {
+/* Warp-collective pop of up to `most` (<= warp size) consecutive tasks in one
+ * round trip: lane i reads the cell of ticket *head + i, lane 0 claims the
+ * ready prefix with one CAS.  *head is the warp's guess of the queue head
+ * (the same in all lanes): polling an empty queue costs one read of the
+ * cells, not a read of the head first; a guess found stale (the cell is a
+ * lap ahead, or the CAS failed) is refreshed.  Returns the number taken
+ * (0: empty or lost the race); lane i < count holds its slot index in *slot. */
+CHI_DEVICE uint32_t queue_pop_warp(const chi_dev_layout *l, uint32_t lane, uint32_t most, uint64_t *head,
+                                   uint32_t *slot) {
   const uint64_t mask = l->slots - 1u;
-  uint64_t h = chi_port::ld_relaxed_dev(l->d2d_head);
-  for (;;) {
-    uint64_t *cell = l->d2d_cells + (h & mask);
-    uint64_t c = chi_port::ld_acquire_dev(cell);
-    int32_t diff = static_cast<int32_t>(static_cast<uint32_t>(c >> 32) - static_cast<uint32_t>(h + 1u));
-    if (diff == 0) {
-      if (chi_port::cas_acq_rel_dev(l->d2d_head, &h, h + 1u)) {
-        chi_port::st_release_dev(cell, static_cast<uint64_t>(static_cast<uint32_t>(h + mask + 1u)) << 32);
-        return static_cast<int64_t>(static_cast<uint32_t>(c));
-      }
-    } else if (diff < 0) {
-      return -1;
-    } else {
-      h = chi_port::ld_relaxed_dev(l->d2d_head);
+  const uint64_t h = *head;
+  const uint64_t t = h + lane;
+  uint64_t *cell = l->d2d_cells + (t & mask);
+  const uint64_t c = lane < most ? chi_port::ld_acquire_dev(cell) : 0u;
+  const int32_t diff = static_cast<int32_t>(static_cast<uint32_t>(c >> 32) - static_cast<uint32_t>(t + 1u));
+  const bool ready = lane < most && diff == 0;
+  const chi_port::lanemask_t got = chi_port::ballot(ready);
+  /* Only the ready prefix: tickets are served in order. */
+  const uint32_t n = ~got == 0 ? CHI_WARP_SIZE : static_cast<uint32_t>(chi_port::ffs_mask(~got) - 1);
+  if (n == 0) {
+    /* Ticket h already popped (its cell is handed back or refilled): another warp moved the head. */
+    if (chi_port::shfl(diff, 0) > 0) {
+      uint64_t now = lane == 0 ? chi_port::ld_relaxed_dev(l->d2d_head) : 0u;
+      *head = chi_port::shfl(now, 0);
     }
+    return 0;
   }
+  /* The acquire loads ordered the slots' contents; the CAS only picks the
+   * winner (head only grows: no ABA), and the hand-back publishes nothing
+   * (the next pusher writes its own slot): no fences on this path. */
+  uint64_t now = h;
+  uint32_t won = 0;
+  if (lane == 0) {
+    won = chi_port::cas_relaxed_dev(l->d2d_head, &now, h + n) ? 1u : 0u;
+    if (won) now = h + n;
+  }
+  *head = chi_port::shfl(now, 0); /* on a lost race, the current head */
+  if (!chi_port::shfl(won, 0)) return 0;
+  if (lane < n) {
+    chi_port::st_relaxed_dev(cell, static_cast<uint64_t>(static_cast<uint32_t>(t + mask + 1u)) << 32);
+    *slot = static_cast<uint32_t>(c);
+  }
+  return n;
 }
 
 CHI_DEVICE uint64_t round_words(uint32_t bytes) { return (bytes + 3u) / 4u; }
@@ -313,13 +337,18 @@ CHI_DEVICE uint8_t *d2d_slot(const chi_dev_layout *l, uint32_t slot) {
   return l->d2d_slots + static_cast<uint64_t>(slot) * (CHI_DEV_SLOT_HEADER + 2u * l->payload_stride);
 }
 
-/* GPU->GPU, step 1: a slot with the task written in it (not queued yet). */
+/* GPU->GPU, step 1: a slot with the task written in it (not queued yet).
+ * ticket: if not NULL, also takes the run-queue ticket, in the same memory
+ * round trip as the slot's state word (both depend only on the slot). */
 CHI_DEVICE chi_status_t local_prepare(const chi_dev_layout *l, chi_method_t method, const void *input,
-                                      uint32_t input_size, uint32_t *slot, uint32_t *gen) {
+                                      uint32_t input_size, uint32_t *slot, uint32_t *gen,
+                                      uint64_t *ticket = nullptr) {
   int32_t s = bitmap_alloc(l->d2d_bitmap, l->slots);
   if (s < 0) return CHI_ERR_AGAIN;
   *slot = static_cast<uint32_t>(s);
-  *gen = next_gen(chi_port::ld_relaxed_dev(l->d2d_state + s) >> 8);
+  const uint32_t old = chi_port::ld_relaxed_dev(l->d2d_state + s);
+  if (ticket) *ticket = chi_port::fetch_add_dev(l->d2d_tail, static_cast<uint64_t>(1));
+  *gen = next_gen(old >> 8);
   uint8_t *base = d2d_slot(l, *slot);
   chi_dev_slot_header_t *h = reinterpret_cast<chi_dev_slot_header_t *>(base);
   h->method = method;
@@ -329,13 +358,16 @@ CHI_DEVICE chi_status_t local_prepare(const chi_dev_layout *l, chi_method_t meth
   return CHI_OK;
 }
 
-/* GPU->CPU, step 1: a slot, and a large payload written to host memory. */
+/* GPU->CPU, step 1: a slot, and a large payload written to host memory.
+ * ticket: as for local_prepare (the ring's ticket). */
 CHI_DEVICE chi_status_t cpu_prepare(const chi_dev_layout *l, const void *input, uint32_t input_size,
-                                    uint32_t *slot, uint32_t *gen) {
+                                    uint32_t *slot, uint32_t *gen, uint64_t *ticket = nullptr) {
   int32_t s = bitmap_alloc(l->d2h_bitmap, l->slots);
   if (s < 0) return CHI_ERR_AGAIN;
   *slot = static_cast<uint32_t>(s);
-  *gen = next_gen(chi_port::ld_relaxed_dev(l->d2h_state + s) >> 8);
+  const uint32_t old = chi_port::ld_relaxed_dev(l->d2h_state + s);
+  if (ticket) *ticket = chi_port::fetch_add_dev(l->d2h_tail, static_cast<uint64_t>(1));
+  *gen = next_gen(old >> 8);
   chi_port::st_relaxed_dev(l->d2h_state + s, (*gen << 8) | CHI_DEV_SLOT_SUBMITTED);
   if (input_size > CHI_DEV_LL_INLINE) {
     thread_copy(l->d2h_buf + static_cast<uint64_t>(s) * l->payload_stride, input, input_size);
@@ -376,10 +408,13 @@ CHI_DEVICE chi_status_t check_submit(const chi_dev_context_t *ctx, chi_route_t r
   return CHI_OK;
 }
 
-/* Back-off of a waiting thread: short at first (latency), longer later so
- * that thousands of waiters do not flood the memory system. */
-CHI_DEVICE void wait_pause(uint32_t polls) {
-  chi_port::nanosleep(polls < 8u ? 32u : (polls < 64u ? 256u : 1024u));
+/* Back-off of a waiting thread that has waited `waited` ns: none for the
+ * first spin_ns (a nap's granularity and its 0..2x range would add to every
+ * round trip), then naps, so that thousands of waiters do not flood the
+ * memory system while a long task runs. */
+CHI_DEVICE void wait_pause(uint64_t waited, uint32_t spin_ns) {
+  if (waited < spin_ns) return;
+  chi_port::nanosleep(waited < 8ull * spin_ns ? 256u : 1024u);
 }
 
 }  // namespace chi_dev_detail
@@ -407,14 +442,13 @@ CHI_DEVICE chi_status_t chi_dev_submit(const chi_dev_context_t *ctx, chi_route_t
   chi_status_t s = check_submit(ctx, route, method, input, input_size, &kind);
   if (s != CHI_OK) return s;
   const chi_dev_layout *l = layout(ctx);
+  uint64_t t;
   if (kind == kKindLocal) {
-    if ((s = local_prepare(l, method, input, input_size, &slot, &gen)) != CHI_OK) return s;
-    if (!queue_push_at(l, chi_port::fetch_add_dev(l->d2d_tail, static_cast<uint64_t>(1)), slot))
-      return CHI_ERR_INTERNAL;
+    if ((s = local_prepare(l, method, input, input_size, &slot, &gen, &t)) != CHI_OK) return s;
+    if (!queue_push_at(l, t, slot)) return CHI_ERR_INTERNAL;
   } else {
-    if ((s = cpu_prepare(l, input, input_size, &slot, &gen)) != CHI_OK) return s;
-    cpu_publish(l, chi_port::fetch_add_dev(l->d2h_tail, static_cast<uint64_t>(1)), method, input,
-                input_size, slot, gen);
+    if ((s = cpu_prepare(l, input, input_size, &slot, &gen, &t)) != CHI_OK) return s;
+    cpu_publish(l, t, method, input, input_size, slot, gen);
   }
   *future = make_future(kind, gen, slot);
   return CHI_OK;
@@ -440,6 +474,7 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
   if (l->magic != CHI_DEV_CTX_MAGIC || !split_future(future, l->slots, &kind, &gen, &slot))
     return CHI_ERR_INVALID;
   const uint64_t t0 = chi_port::timer_ns();
+  const uint32_t spin_ns = l->wait_spin_ns;
   uint32_t polls = 0;
   if (kind == kKindLocal) {
     uint32_t *state = l->d2d_state + slot;
@@ -448,24 +483,48 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
       if ((s >> 8) != gen) return CHI_ERR_INVALID;
       if ((s & 0xFFu) == CHI_DEV_SLOT_DONE) break;
       if ((s & 0xFFu) != CHI_DEV_SLOT_SUBMITTED) return CHI_ERR_INVALID;
-      if (timeout_ns == 0 ||
-          (timeout_ns > 0 && chi_port::timer_ns() - t0 >= static_cast<uint64_t>(timeout_ns)))
+      const uint64_t waited = chi_port::timer_ns() - t0;
+      if (timeout_ns == 0 || (timeout_ns > 0 && waited >= static_cast<uint64_t>(timeout_ns)))
         return CHI_ERR_TIMEOUT;
-      wait_pause(polls++);
+      wait_pause(waited, spin_ns);
     }
     const uint8_t *base = l->d2d_slots + static_cast<uint64_t>(slot) * (CHI_DEV_SLOT_HEADER + 2u * l->payload_stride);
-    const chi_dev_slot_header_t *h = reinterpret_cast<const chi_dev_slot_header_t *>(base);
-    const uint32_t osize = h->output_size;
-    const chi_status_t status = h->status;
+    const uint4 *obuf = reinterpret_cast<const uint4 *>(base + CHI_DEV_SLOT_HEADER + l->payload_stride);
+    /* The header and the first 64 output bytes in one round trip (the
+     * slot is 16-byte aligned and its output area at least 128 bytes). */
+    const uint4 hv = *reinterpret_cast<const uint4 *>(base);
+    uint4 v0 = obuf[0], v1 = obuf[1], v2 = obuf[2], v3 = obuf[3];
+    const chi_status_t status = static_cast<chi_status_t>(hv.z);
+    const uint32_t osize = hv.w;
     if (output && osize > output_capacity) {
       if (output_size) *output_size = osize;
       return CHI_ERR_TOO_LARGE;
     }
+    /* DONE was acquired above, so what was read is this task's output as
+     * long as nobody else claims the slot: the claim only arbitrates. */
     uint32_t expect = (gen << 8) | CHI_DEV_SLOT_DONE;
-    if (!chi_port::cas_acq_rel_dev(state, &expect, (gen << 8) | CHI_DEV_SLOT_CLAIMED)) return CHI_ERR_INVALID;
-    if (output && osize) thread_copy(output, base + CHI_DEV_SLOT_HEADER + l->payload_stride, osize);
+    if (!chi_port::cas_relaxed_dev(state, &expect, (gen << 8) | CHI_DEV_SLOT_CLAIMED)) return CHI_ERR_INVALID;
+    if (output && osize) {
+      if (osize <= 64u && (reinterpret_cast<uintptr_t>(output) & 15u) == 0) {
+        uint4 *o = static_cast<uint4 *>(output);
+        const uint32_t full = osize / 16u;
+        if (full > 0u) o[0] = v0;
+        if (full > 1u) o[1] = v1;
+        if (full > 2u) o[2] = v2;
+        if (full > 3u) o[3] = v3;
+        if (osize & 15u) {
+          const uint4 t = full == 0u ? v0 : full == 1u ? v1 : full == 2u ? v2 : v3;
+          const uint32_t tw[4] = {t.x, t.y, t.z, t.w};
+          uint8_t *ob = static_cast<uint8_t *>(output) + 16u * full;
+          for (uint32_t b = 0; b < (osize & 15u); ++b) ob[b] = static_cast<uint8_t>(tw[b / 4u] >> (8u * (b & 3u)));
+        }
+      } else {
+        thread_copy(output, obuf, osize);
+      }
+    }
     if (output_size) *output_size = osize;
-    chi_port::st_release_dev(state, (gen << 8) | CHI_DEV_SLOT_FREE);
+    /* The slot stays CLAIMED (a consumed future reads as such) until the
+     * next submit takes it: one release, the bitmap's, frees it. */
     bitmap_free(l->d2d_bitmap, slot);
     return status;
   }
@@ -484,10 +543,11 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
   bool got = read_reply(rec, gen, nd, w);
   if (s != ((gen << 8) | CHI_DEV_SLOT_SUBMITTED)) return CHI_ERR_INVALID;
   while (!got) {
-    if (timeout_ns == 0 ||
-        (timeout_ns > 0 && chi_port::timer_ns() - t0 >= static_cast<uint64_t>(timeout_ns)))
+    const uint64_t waited = chi_port::timer_ns() - t0;
+    if (timeout_ns == 0 || (timeout_ns > 0 && waited >= static_cast<uint64_t>(timeout_ns)))
       return CHI_ERR_TIMEOUT;
-    wait_pause(polls++);
+    wait_pause(waited, spin_ns);
+    ++polls;
     nd = polls < 16u ? want : 0u;
     got = read_reply(rec, gen, nd, w);
   }
@@ -499,7 +559,7 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
     return CHI_ERR_TOO_LARGE;
   }
   uint32_t expect = (gen << 8) | CHI_DEV_SLOT_SUBMITTED;
-  if (!chi_port::cas_acq_rel_dev(state, &expect, (gen << 8) | CHI_DEV_SLOT_CLAIMED)) return CHI_ERR_INVALID;
+  if (!chi_port::cas_relaxed_dev(state, &expect, (gen << 8) | CHI_DEV_SLOT_CLAIMED)) return CHI_ERR_INVALID;
   if (output && osize) {
     uint8_t *out = static_cast<uint8_t *>(output);
     if (osize <= CHI_DEV_LL_INLINE) {
@@ -542,8 +602,7 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
     }
   }
   if (output_size) *output_size = osize;
-  chi_port::st_release_dev(state, (gen << 8) | CHI_DEV_SLOT_FREE);
-  bitmap_free(l->d2h_bitmap, slot);
+  bitmap_free(l->d2h_bitmap, slot); /* the slot stays CLAIMED until reused */
   return status;
 }
 
@@ -791,6 +850,8 @@ CHI_DEVICE_NOINLINE void run_device_task(const chi_dev_orch_state_t *st, uint32_
   const chi_dev_layout *l = layout(&st->ctx);
   uint8_t *base = l->d2d_slots + static_cast<uint64_t>(slot) * (CHI_DEV_SLOT_HEADER + 2u * l->payload_stride);
   chi_dev_slot_header_t *h = reinterpret_cast<chi_dev_slot_header_t *>(base);
+  /* The state word (for its generation) in the same round trip as the header. */
+  const uint32_t w = lane == 0 ? chi_port::ld_relaxed_dev(l->d2d_state + slot) : 0u;
   chi_dev_request_t r;
   r.method = h->method;
   r.source = l->gpu;
@@ -804,7 +865,6 @@ CHI_DEVICE_NOINLINE void run_device_task(const chi_dev_orch_state_t *st, uint32_
   if (lane == 0) {
     h->status = s;
     h->output_size = r.output_size;
-    uint32_t w = chi_port::ld_relaxed_dev(l->d2d_state + slot);
     chi_port::st_release_dev(l->d2d_state + slot, (w & ~0xFFu) | CHI_DEV_SLOT_DONE);
   }
   chi_port::syncwarp();
@@ -895,6 +955,11 @@ CHI_DEVICE_NOINLINE uint32_t poll_host(const chi_dev_orch_state_t *st, uint64_t 
   return ran;
 }
 
+constexpr uint64_t kWorkerSpinNs = 50000;
+/* Tasks a worker takes at once: one pop round trip for several tasks, few
+ * enough that a burst still spreads over the workers. */
+constexpr uint32_t kPopBatch = 8;
+
 template <class D>
 CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
   const uint32_t lane = chi_port::lane_id();
@@ -911,30 +976,38 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
   uint8_t *in = st->scratch + static_cast<uint64_t>(gw) * 2u * l->payload_stride;
   uint8_t *out = in + l->payload_stride;
   uint64_t next = poller ? st->h2d_next[gw] : 0;
-  uint32_t batch = 1, idle = 0;
+  uint32_t batch = 1;
+  uint64_t idle_since = 0;
+  uint64_t qhead = 0; /* the worker's guess of the run queue's head */
+  if (worker) {
+    uint64_t h = lane == 0 ? chi_port::ld_relaxed_dev(l->d2d_head) : 0u;
+    qhead = chi_port::shfl(h, 0);
+  }
   for (;;) {
-    uint32_t stop = lane == 0 ? chi_port::ld_relaxed_dev(st->control) : 0u;
-    if (chi_port::shfl(stop, 0)) break;
+    /* The stop flag's load overlaps this round's polls; it is looked at after them. */
+    const uint32_t stop = lane == 0 ? chi_port::ld_relaxed_dev(st->control) : 0u;
     uint32_t ran = 0;
     if (poller) {
       ran = poll_host<D>(st, &next, batch, lane, in, out);
       batch = ran ? 4u : 1u;
     }
     if (worker) {
-      int64_t s = lane == 0 ? queue_pop(l) : 0;
-      s = chi_port::shfl(s, 0);
-      if (s >= 0) {
-        chi_port::syncwarp(); /* orders lane 0's acquire before the other lanes' reads */
-        run_device_task<D>(st, static_cast<uint32_t>(s), lane);
-        ++ran;
-      }
+      uint32_t mine = 0;
+      const uint32_t n = queue_pop_warp(l, lane, kPopBatch, &qhead, &mine);
+      chi_port::syncwarp(); /* orders the lanes' acquires before the other lanes' reads */
+      for (uint32_t k = 0; k < n; ++k) run_device_task<D>(st, chi_port::shfl(mine, static_cast<int>(k)), lane);
+      ran += n;
     }
+    if (chi_port::shfl(stop, 0)) break;
     if (ran) {
-      idle = 0;
+      idle_since = 0;
     } else if (!poller) {
-      /* An idle worker naps briefly: it shares its SM with user kernels. */
-      chi_port::nanosleep(idle < 64u ? 32u : 256u);
-      ++idle;
+      /* A worker idle for a while naps (it shares its SM with user
+       * kernels); before that it spins, so a task that comes within
+       * kWorkerSpinNs of the last one waits for no nap. */
+      const uint64_t now = chi_port::timer_ns();
+      if (idle_since == 0) idle_since = now;
+      else if (now - idle_since > kWorkerSpinNs) chi_port::nanosleep(256u);
     }
   }
   if (poller && lane == 0) st->h2d_next[gw] = next;

@@ -8,20 +8,30 @@
 #   here:   ../shared/tools/gpu-machine-deps        (once: fills .devdeps/)
 #   device: run(command="bash scripts/gpu-run.sh", carry=[".devdeps"])
 #
-# Environment: GPU_RUN_STEPS (default "build test timing sanitize") picks steps;
-# GPU_RUN_JOBS (default 16).  The summary comes last, so a run's tail shows it.
+# Environment: GPU_RUN_STEPS (default "build test timing sanitize cputest")
+# picks steps; GPU_RUN_JOBS (default 16); GPU_RUN_BUDGET (seconds, default
+# 250): each step is bounded by what is left of it and skipped (with a note)
+# when too little is, so a run under a short device lease still reports.
+# Order: correctness on the GPU first, then timings, the sanitizers, and the
+# CPU-only tests last (those also run on any build machine).  The summary
+# comes last, so a run's tail shows it.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/chi-gpu-out}
 mkdir -p "$OUT"
-STEPS=${GPU_RUN_STEPS:-build test timing sanitize}
+STEPS=${GPU_RUN_STEPS:-build test timing sanitize cputest}
 JOBS=${GPU_RUN_JOBS:-16}
+BUDGET=${GPU_RUN_BUDGET:-250}
 BUILD=build-gpu
 SUMMARY=$OUT/summary.txt
 : >"$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
 has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 t_start=$(date +%s)
+# bound LIMIT: LIMIT, or what is left of the budget (minus a reserve) if less.
+left() { echo $(( BUDGET - ($(date +%s) - t_start) )); }
+bound() { local l; l=$(( $(left) - 5 )); [ "$l" -lt 1 ] && l=1; [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+enough() { [ "$(left)" -ge "$1" ] || { note "skipped: $2 (only $(left) s of the budget left)"; return 1; }; }
 
 note "== gpu-run on $(hostname), $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
@@ -40,7 +50,7 @@ if has build; then
   # (for this configure only: the install test checks our own .pc file).
   if PKG_CONFIG_SYSROOT_DIR=/opt/deps cmake -S . -B "$BUILD" -G Ninja -DCHI_ENABLE_CUDA=ON -DCHI_CUDA_ARCHITECTURES=90 \
       -DCMAKE_CUDA_STANDARD=17 -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$OUT/build.log" 2>&1 &&
-     timeout 300 cmake --build "$BUILD" -j "$JOBS" >>"$OUT/build.log" 2>&1; then
+     timeout "$(bound 200)" cmake --build "$BUILD" -j "$JOBS" >>"$OUT/build.log" 2>&1; then
     note "build: ok ($(( $(date +%s) - t0 )) s)"
   else
     note "build: FAILED ($(( $(date +%s) - t0 )) s); tail of build.log:"
@@ -50,33 +60,45 @@ if has build; then
 fi
 
 if has test; then
-  t0=$(date +%s)
-  # CPU tests in parallel, then the GPU tests one at a time, each under its
-  # own bound (a device run has at most 10 minutes in all).
-  (cd "$BUILD" && timeout 120 ctest -LE gpu -j 8 --timeout 100 --output-on-failure ${GPU_RUN_CTEST_EXCLUDE:+-E "$GPU_RUN_CTEST_EXCLUDE"}) >"$OUT/ctest.log" 2>&1
-  note "ctest, CPU tests ($(( $(date +%s) - t0 )) s):"
-  grep -E "tests passed|tests failed|\*\*\*Failed|\*\*\*Timeout|Not Run|Exception|SegFault" "$OUT/ctest.log" | tee -a "$SUMMARY"
-  s0=$(date +%s)
-  (cd "$BUILD" && timeout 90 ctest -L gpu -E '^(test_gpu|test_gpu_orchestrator|gpu_timing)$' \
-     --timeout 60 --output-on-failure) >>"$OUT/ctest.log" 2>&1
-  note "ctest, other GPU tests ($(( $(date +%s) - s0 )) s):"
-  grep -E "tests passed|tests failed|\*\*\*Failed|\*\*\*Timeout|Not Run|Exception|SegFault" "$OUT/ctest.log" | tail -n 8 | tee -a "$SUMMARY"
-  for spec in test_gpu:150 test_gpu_orchestrator:60 gpu_timing:60; do
-    t=${spec%%:*} limit=${spec##*:} s0=$(date +%s)
+  # The GPU tests one at a time, each under its own bound.  gpu_timing runs
+  # in the timing step (once).
+  : >"$OUT/ctest.log"
+  for spec in test_gpu:150 test_gpu_orchestrator:60; do
+    t=${spec%%:*} limit=$(bound ${spec##*:}) s0=$(date +%s)
+    enough 20 "$t" || continue
     (cd "$BUILD" && timeout "$limit" ctest -R "^$t\$" --timeout "$limit" --output-on-failure -V) >"$OUT/$t.log" 2>&1
     note "ctest $t ($(( $(date +%s) - s0 )) s):"
     grep -E "tests passed|tests failed|\*\*\*Failed|\*\*\*Timeout|\*\*\*Skipped|Exception|SegFault|\[  (PASSED|FAILED|  SKIPPED) \]|\[  FAILED  \]|# route|p50|M tasks/s" "$OUT/$t.log" | sed 's/^[0-9]*: //' | tee -a "$SUMMARY"
   done
+  if enough 20 "the other GPU tests (examples)"; then
+    s0=$(date +%s)
+    (cd "$BUILD" && timeout "$(bound 60)" ctest -L gpu -E '^(test_gpu|test_gpu_orchestrator|gpu_timing)$' \
+       --timeout 30 --output-on-failure) >>"$OUT/ctest.log" 2>&1
+    note "ctest, other GPU tests ($(( $(date +%s) - s0 )) s):"
+    grep -E "tests passed|tests failed|\*\*\*Failed|\*\*\*Timeout|Not Run|Exception|SegFault" "$OUT/ctest.log" | tail -n 8 | tee -a "$SUMMARY"
+  fi
 fi
 
-if has timing; then
+if has timing && enough 30 "gpu_timing"; then
   t0=$(date +%s)
-  timeout 90 "$BUILD/tests/gpu_timing" 100000 >"$OUT/timing.log" 2>&1
+  timeout "$(bound 90)" "$BUILD/tests/gpu_timing" 20000 >"$OUT/timing.log" 2>&1
   note "gpu_timing rc=$? ($(( $(date +%s) - t0 )) s):"
   cat "$OUT/timing.log" >>"$SUMMARY"
-  # GPU->CPU throughput against the number of CPU poller threads per GPU.
-  for p in 4 8; do
-    CHI_GPU_POLLERS=$p timeout 60 "$BUILD/tests/gpu_timing" 20000 2>&1 | grep "GPU->CPU throughput" |
+  # Short variants: waiters that nap at once (the old back-off, roughly),
+  # and GPU->CPU throughput against the number of CPU poller threads.
+  if enough 25 "gpu_timing CHI_GPU_WAIT_SPIN_NS=0"; then
+    CHI_GPU_WAIT_SPIN_NS=0 timeout "$(bound 30)" "$BUILD/tests/gpu_timing" 5000 lat 2>&1 | grep -E "p50" |
+      sed "s/^/CHI_GPU_WAIT_SPIN_NS=0: /" | tee -a "$SUMMARY" >>"$OUT/timing.log"
+  fi
+  # More orchestrator warps (8 polling the CPU->GPU ring, 8 GPU->GPU workers).
+  if enough 25 "gpu_timing CHI_GPU_WARPS_PER_BLOCK=16"; then
+    CHI_GPU_WARPS_PER_BLOCK=16 timeout "$(bound 30)" "$BUILD/tests/gpu_timing" 5000 tput 2>&1 |
+      grep -E "GPU->GPU throughput|CPU->GPU throughput" |
+      sed "s/^/CHI_GPU_WARPS_PER_BLOCK=16: /" | tee -a "$SUMMARY" >>"$OUT/timing.log"
+  fi
+  for p in 2 8; do
+    enough 25 "gpu_timing CHI_GPU_POLLERS=$p" || continue
+    CHI_GPU_POLLERS=$p timeout "$(bound 30)" "$BUILD/tests/gpu_timing" 5000 tput 2>&1 | grep "GPU->CPU throughput" |
       sed "s/^/CHI_GPU_POLLERS=$p: /" | tee -a "$SUMMARY" >>"$OUT/timing.log"
   done
 fi
@@ -91,13 +113,21 @@ if has sanitize; then
   for tool in memcheck racecheck; do
     for spec in "test_gpu:test_h2d_*" "test_gpu:test_pause_resume" "test_gpu_orchestrator:test_host_routes"; do
       t=${spec%%:*} filter=${spec#*:} s0=$(date +%s)
-      CHI_TEST_FILTER="$filter" timeout 60 compute-sanitizer --tool "$tool" --error-exitcode 99 \
+      enough 25 "compute-sanitizer $tool $t [$filter]" || continue
+      CHI_TEST_FILTER="$filter" timeout "$(bound 60)" compute-sanitizer --tool "$tool" --error-exitcode 99 \
         --print-limit 20 "$BUILD/tests/$t" >>"$OUT/sanitizer.log" 2>&1
       rc=$?
       note "compute-sanitizer $tool $t [$filter]: rc=$rc ($(( $(date +%s) - s0 )) s)"
     done
   done
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race reported|PASSED|FAILED" "$OUT/sanitizer.log" | sort | uniq -c | head -30 | tee -a "$SUMMARY"
+fi
+
+if has cputest && enough 25 "CPU-only ctest tests"; then
+  t0=$(date +%s)
+  (cd "$BUILD" && timeout "$(bound 120)" ctest -LE gpu -j 8 --timeout 100 --output-on-failure ${GPU_RUN_CTEST_EXCLUDE:+-E "$GPU_RUN_CTEST_EXCLUDE"}) >>"$OUT/ctest.log" 2>&1
+  note "ctest, CPU tests ($(( $(date +%s) - t0 )) s):"
+  grep -E "tests passed|tests failed|\*\*\*Failed|\*\*\*Timeout|Not Run|Exception|SegFault" "$OUT/ctest.log" | tail -n 12 | tee -a "$SUMMARY"
 fi
 
 echo

@@ -77,6 +77,9 @@ template <class T> CHI_DEVICE T fetch_add_dev(T *p, T v) {
 template <class T> CHI_DEVICE T fetch_or_acq_rel_dev(T *p, T v) {
   return atom_dev<T>(*p).fetch_or(v, cuda::memory_order_acq_rel);
 }
+template <class T> CHI_DEVICE T fetch_or_acquire_dev(T *p, T v) {
+  return atom_dev<T>(*p).fetch_or(v, cuda::memory_order_acquire);
+}
 template <class T> CHI_DEVICE T fetch_and_release_dev(T *p, T v) {
   return atom_dev<T>(*p).fetch_and(v, cuda::memory_order_release);
 }
@@ -84,6 +87,11 @@ template <class T> CHI_DEVICE T fetch_and_release_dev(T *p, T v) {
 template <class T> CHI_DEVICE bool cas_acq_rel_dev(T *p, T *expected, T desired) {
   return atom_dev<T>(*p).compare_exchange_strong(*expected, desired, cuda::memory_order_acq_rel,
                                                  cuda::memory_order_acquire);
+}
+/* Arbitration only (the data was acquired before): no fence around it. */
+template <class T> CHI_DEVICE bool cas_relaxed_dev(T *p, T *expected, T desired) {
+  return atom_dev<T>(*p).compare_exchange_strong(*expected, desired, cuda::memory_order_relaxed,
+                                                 cuda::memory_order_relaxed);
 }
 template <class T> CHI_DEVICE T ld_acquire_sys(const T *p) {
   return atom_sys<T>(*const_cast<T *>(p)).load(cuda::memory_order_acquire);
@@ -159,12 +167,19 @@ template <class T> CHI_DEVICE T fetch_add_dev(T *p, T v) {
 template <class T> CHI_DEVICE T fetch_or_acq_rel_dev(T *p, T v) {
   return __hip_atomic_fetch_or(p, v, __ATOMIC_ACQ_REL, __HIP_MEMORY_SCOPE_AGENT);
 }
+template <class T> CHI_DEVICE T fetch_or_acquire_dev(T *p, T v) {
+  return __hip_atomic_fetch_or(p, v, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT);
+}
 template <class T> CHI_DEVICE T fetch_and_release_dev(T *p, T v) {
   return __hip_atomic_fetch_and(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
 }
 template <class T> CHI_DEVICE bool cas_acq_rel_dev(T *p, T *expected, T desired) {
   return __hip_atomic_compare_exchange_strong(p, expected, desired, __ATOMIC_ACQ_REL,
                                               __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT);
+}
+template <class T> CHI_DEVICE bool cas_relaxed_dev(T *p, T *expected, T desired) {
+  return __hip_atomic_compare_exchange_strong(p, expected, desired, __ATOMIC_RELAXED,
+                                              __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
 template <class T> CHI_DEVICE T ld_acquire_sys(const T *p) {
   return __hip_atomic_load(const_cast<T *>(p), __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM);

@@ -4,7 +4,9 @@
  * route, and aggregate throughput with many submitters.  Not a benchmark
  * (chimaera-bench is): a quick reading printed by scripts/gpu-run.sh.  It
  * fails only if a task fails; it asserts no time.  Exit 77 without a GPU.
- *   gpu_timing [round_trips]      (default 20000)
+ *   gpu_timing [round_trips [all|lat|tput]]   (default 20000 all)
+ * lat: latency rows only; tput: throughput rows only (for quick variants,
+ * e.g. under another CHI_GPU_WAIT_SPIN_NS or CHI_GPU_POLLERS).
  */
 #include "gpu_common.h"
 
@@ -22,10 +24,9 @@ static double now_us(void) {
 }
 
 /* One thread: n round trips over `route`, each timed with %globaltimer (ns);
- * sub[i]: the chi_dev_submit part.  fence: a system fence after the submit
- * (tells whether the ring entry's stores linger before they reach the host). */
+ * sub[i]: the chi_dev_submit part. */
 __global__ void k_latency(chi_dev_context_t ctx, chi_route_t route, uint32_t n, uint32_t *ns,
-                          uint32_t *sub, int fence, int32_t *bad) {
+                          uint32_t *sub, int32_t *bad) {
   uint8_t in[64], out[64];
   for (int i = 0; i < 64; ++i) in[i] = (uint8_t)i;
   for (uint32_t i = 0; i < n; ++i) {
@@ -33,7 +34,6 @@ __global__ void k_latency(chi_dev_context_t ctx, chi_route_t route, uint32_t n, 
     chi_future_t f;
     uint32_t osz = 0;
     chi_status_t s = chi_dev_submit(&ctx, route, CHI_METHOD_ECHO, in, 64, &f);
-    if (fence) __threadfence_system();
     uint64_t t1 = chi_port::timer_ns();
     if (s == CHI_OK) s = chi_dev_wait(&ctx, f, 10000000000ll, out, 64, &osz);
     ns[i] = (uint32_t)(chi_port::timer_ns() - t0);
@@ -59,6 +59,34 @@ __global__ void k_throughput(chi_dev_context_t ctx, chi_route_t route, uint32_t 
   }
 }
 
+/* The same with the warp-collective calls: every lane of a warp calls,
+ * the first `lanes` with a task (one ticket bump per warp and route). */
+__global__ void k_throughput_warp(chi_dev_context_t ctx, chi_route_t route, uint32_t lanes,
+                                  uint32_t tasks, int32_t *bad) {
+  const int mine = (threadIdx.x & 31) < lanes;
+  uint8_t in[64], out[64];
+  for (int i = 0; i < 64; ++i) in[i] = (uint8_t)(i + threadIdx.x);
+  for (uint32_t i = 0; i < tasks; ++i) {
+    chi_future_t f = 0;
+    chi_status_t s = CHI_OK;
+    int need = mine;
+    while (__any_sync(0xFFFFFFFFu, need)) {
+      chi_future_t g;
+      chi_status_t r = chi_dev_warp_submit(&ctx, route, CHI_METHOD_ECHO, in, 64, need, &g);
+      if (need && r != CHI_ERR_AGAIN) {
+        s = r;
+        f = g;
+        need = 0;
+      }
+      if (__any_sync(0xFFFFFFFFu, need)) __nanosleep(200); /* all slots in use: back off */
+    }
+    uint32_t osz = 0;
+    const int wait = mine && s == CHI_OK;
+    chi_status_t w = chi_dev_warp_wait(&ctx, f, 10000000000ll, out, 64, &osz, wait);
+    if (mine && (s != CHI_OK || w != CHI_OK || osz != 64 || out[9] != in[9])) atomicAdd(bad, 1);
+  }
+}
+
 static void report(const char *what, std::vector<double> &us) {
   std::sort(us.begin(), us.end());
   printf("%-34s p50 %7.2f us   p99 %7.2f us   (n=%zu)\n", what, us[us.size() / 2],
@@ -69,6 +97,9 @@ int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
   if (!gt_have_cuda()) return 77;
   const uint32_t n = argc > 1 ? (uint32_t)atoi(argv[1]) : 20000;
+  const char *mode = argc > 2 ? argv[2] : "all";
+  const bool lat = strcmp(mode, "tput") != 0, tput = strcmp(mode, "lat") != 0;
+  if (n < 100) return 2;
   /* CUDA allocations before chi_init (and frees after chi_finalize): some of
    * them synchronize the device, which an orchestrator never lets finish.
    * Timings go to device memory, so the timed loop never writes host memory. */
@@ -101,7 +132,7 @@ int main(int argc, char **argv) {
   printf("gpu_timing on %s, 64-byte chi.echo round trips\n", prop.name);
 
   /* CPU -> GPU */
-  {
+  if (lat) {
     uint8_t in[64], out[64];
     memset(in, 1, sizeof in);
     std::vector<double> us;
@@ -119,10 +150,9 @@ int main(int argc, char **argv) {
   /* GPU -> CPU and GPU -> GPU, timed on the device */
   const chi_route_t routes[2] = {CHI_ROUTE_CPU, CHI_ROUTE_LOCAL};
   const char *names[2] = {"GPU->CPU (chi_dev_submit+wait)", "GPU->GPU (chi_dev_submit+wait)"};
-  for (int r = 0; r < 4; ++r) {
-    const int fence = r >= 2;
-    k_latency<<<1, 1, 0, st>>>(ctx, routes[r % 2], n / 10, d_ns, d_sub, fence, bad); /* warm-up */
-    k_latency<<<1, 1, 0, st>>>(ctx, routes[r % 2], n, d_ns, d_sub, fence, bad);
+  for (int r = 0; r < 2 && lat; ++r) {
+    k_latency<<<1, 1, 0, st>>>(ctx, routes[r], n / 10, d_ns, d_sub, bad); /* warm-up */
+    k_latency<<<1, 1, 0, st>>>(ctx, routes[r], n, d_ns, d_sub, bad);
     cudaMemcpyAsync(ns, d_ns, n * sizeof(uint32_t), cudaMemcpyDeviceToHost, st);
     cudaMemcpyAsync(sub, d_sub, n * sizeof(uint32_t), cudaMemcpyDeviceToHost, st);
     if (cudaStreamSynchronize(st) != cudaSuccess) return 1;
@@ -131,29 +161,33 @@ int main(int argc, char **argv) {
       us[i] = ns[i] / 1000.0;
       sus[i] = sub[i] / 1000.0;
     }
-    char what[96];
-    snprintf(what, sizeof what, "%s%s", names[r % 2], fence ? " +fence" : "");
-    report(what, us);
-    snprintf(what, sizeof what, "  of which chi_dev_submit%s", fence ? "+fence" : "");
-    report(what, sus);
+    report(names[r], us);
+    report("  of which chi_dev_submit", sus);
   }
-  /* Throughput: many warps on the device, 8 threads on the host. */
+  /* Throughput: many warps on the device (per-thread calls, then the
+   * warp-collective ones), 8 threads on the host.  ~1M tasks per row at
+   * the default n; rows in flight stay under gpu.device_slots (8192). */
   struct {
     uint32_t warps, lanes, tasks;
-  } shapes[] = {{1056, 1, 1000}, {1056, 4, 250}};
-  for (int r = 0; r < 2; ++r) {
+    bool warp;
+  } shapes[] = {{1056, 1, 1000, false}, {1056, 4, 250, false}, {1056, 4, 250, true},
+                {240, 32, 137, true}};
+  for (int r = 0; r < 2 && tput; ++r) {
     for (auto &s : shapes) {
-      uint32_t tasks = s.tasks * n / 20000 + 1;
+      uint32_t tasks = (uint32_t)((uint64_t)s.tasks * n / 20000) + 1;
       double t0 = now_us();
-      k_throughput<<<(s.warps + 7) / 8, 256, 0, st>>>(ctx, routes[r], s.lanes, tasks, bad);
+      if (s.warp)
+        k_throughput_warp<<<(s.warps + 7) / 8, 256, 0, st>>>(ctx, routes[r], s.lanes, tasks, bad);
+      else
+        k_throughput<<<(s.warps + 7) / 8, 256, 0, st>>>(ctx, routes[r], s.lanes, tasks, bad);
       if (cudaStreamSynchronize(st) != cudaSuccess) return 1;
       double dt = now_us() - t0;
-      double total = (double)s.warps * s.lanes * tasks;
-      printf("%s throughput, %u warps x %u lanes: %.2f M tasks/s\n", r ? "GPU->GPU" : "GPU->CPU",
-             s.warps, s.lanes, total / dt);
+      double total = (double)((s.warps + 7) / 8 * 8) * s.lanes * tasks;
+      printf("%s throughput, %u warps x %u lanes%s: %.2f M tasks/s\n", r ? "GPU->GPU" : "GPU->CPU",
+             (s.warps + 7) / 8 * 8, s.lanes, s.warp ? " (warp calls)" : "", total / dt);
     }
   }
-  {
+  if (tput) {
     const int threads = 8, depth = 16;
     const uint32_t per = n * 5;
     std::atomic<long> errs{0};
