@@ -523,6 +523,8 @@ static void test_pause_resume(void **state) {
   assert_status(CHI_OK, chi_gpu_resume(g_rt, 0)); /* no-op */
   assert_status(CHI_OK, chi_wait(g_rt, f, GT_WAIT_NS, out, 64, &osz));
   assert_memory_equal(in, out, 64);
+  /* Resuming GPU 0 left any other GPU paused: -1 resumes the rest. */
+  assert_status(CHI_OK, chi_gpu_resume(g_rt, -1));
   assert_status(CHI_ERR_INVALID, chi_gpu_pause(g_rt, 99));
 }
 
