@@ -64,8 +64,10 @@ class CpuExecutor final : public Executor {
   std::vector<std::thread> workers_;
   std::atomic<bool> stopping_{false};
   alignas(64) std::atomic<uint32_t> idle_seq_{0};   // futex word of idle workers
+  // Each on its own line: submitters read sleepers_ on every submit, while
+  // spinners_ changes with every task a worker takes.
   alignas(64) std::atomic<int32_t> sleepers_{0};     // workers asleep on idle_seq_
-  std::atomic<int32_t> spinners_{0};                 // idle workers watching the queues
+  alignas(64) std::atomic<int32_t> spinners_{0};     // idle workers watching the queues
   int32_t max_spinners_ = 1;                         // more would only steal CPU from producers
   alignas(64) std::atomic<uint32_t> free_seq_{0};   // futex word of blocked submitters
   std::atomic<int32_t> free_waiters_{0};
