@@ -267,6 +267,11 @@ void CpuExecutor::worker_main(unsigned id) {
   for (;;) {
     QueuedTask task;
     if (pop_task(&task, false)) {
+      // Submitters skip the wake while some worker spins.  This worker has
+      // just stopped spinning (its count dropped before the pop): if more
+      // work is queued and no one else spins, it passes the wake on, or that
+      // work would wait behind a long handler while sleepers sleep.
+      if (any_task()) notify_worker();
       run_task(task);
       continue;
     }

@@ -3,6 +3,8 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <bitset>
+#include <mutex>
 #include <thread>
 
 #include "api/error.h"
@@ -12,20 +14,42 @@
 namespace chi {
 
 namespace {
-std::atomic<uint32_t> g_runtime_count{0};
 
-uint32_t fresh_tag() {
-  // Differs between the runtimes of one process and, likely, between processes.
-  uint32_t n = g_runtime_count.fetch_add(1, std::memory_order_relaxed);
-  return (n * 0x9Du + uint32_t(getpid()) * 31u + uint32_t(now_ns() >> 10)) & 0xFFu;
+// Tags of the live runtimes of this process: each gets one no other live
+// runtime has (while fewer than 256 live at once), so a future handed to the
+// wrong runtime is always refused.
+std::mutex g_tags_mu;
+std::bitset<256> g_tags_used;
+uint32_t g_tag_next = uint32_t(getpid());
+
+uint32_t acquire_tag() {
+  std::lock_guard<std::mutex> lock(g_tags_mu);
+  for (uint32_t k = 0; k < 256; ++k) {
+    uint32_t t = (g_tag_next + k) & 0xFFu;
+    if (!g_tags_used.test(t)) {
+      g_tags_used.set(t);
+      g_tag_next = t + 1;
+      return t;
+    }
+  }
+  return g_tag_next++ & 0xFFu;  // 256 live runtimes: share a tag
 }
+
+void release_tag(uint32_t tag) {
+  std::lock_guard<std::mutex> lock(g_tags_mu);
+  g_tags_used.reset(tag & 0xFFu);
+}
+
 }  // namespace
 
-Runtime::Runtime(Config cfg) : cfg_(std::move(cfg)), tag_(fresh_tag()) {
+Runtime::Runtime(Config cfg) : cfg_(std::move(cfg)), tag_(acquire_tag()) {
   if (cfg_.workers == 0) cfg_.workers = std::max(2u, std::thread::hardware_concurrency());
 }
 
-Runtime::~Runtime() { shutdown(); }
+Runtime::~Runtime() {
+  shutdown();
+  release_tag(tag_);
+}
 
 chi_status_t Runtime::start() {
   set_log_level(cfg_.log_level);
