@@ -174,8 +174,10 @@ typedef chi_status_t (*chi_handler_t)(chi_request_t *req, void *user_data);
  *   fn        [in]  the handler; must not be NULL.
  *   user_data [in]  passed to every call of fn; not owned by the runtime.
  *   method    [out] the method id, fixed for the runtime's life (may be NULL).
- * Returns CHI_OK, CHI_ERR_INVALID (NULL or bad argument, name already
- * registered), CHI_ERR_NOMEM (method table full), CHI_ERR_SHUTDOWN.
+ * A name that so far has only a GPU handler (a user orchestrator's method)
+ * gains this CPU handler under the same id.
+ * Returns CHI_OK, CHI_ERR_INVALID (NULL or bad argument, name already has a
+ * CPU handler), CHI_ERR_NOMEM (method table full), CHI_ERR_SHUTDOWN.
  * Thread safety: safe; tasks may already be running. */
 CHI_API chi_status_t chi_register_handler(chi_runtime_t *rt, const char *name, chi_handler_t fn,
                                           void *user_data, chi_method_t *method);

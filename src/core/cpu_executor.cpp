@@ -63,8 +63,7 @@ struct CpuExecutor::Slot {
   chi_method_t method;
 };
 
-CpuExecutor::CpuExecutor(const Config &cfg, const Registry &reg, const void *owner)
-    : cfg_(cfg), reg_(reg), owner_(owner) {}
+CpuExecutor::CpuExecutor(const Config &cfg, const Registry &reg) : cfg_(cfg), reg_(reg) {}
 
 CpuExecutor::~CpuExecutor() {
   shutdown();

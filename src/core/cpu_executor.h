@@ -17,7 +17,7 @@ namespace chi {
 
 class CpuExecutor final : public Executor {
  public:
-  CpuExecutor(const Config &cfg, const Registry &reg, const void *owner);
+  CpuExecutor(const Config &cfg, const Registry &reg);
   ~CpuExecutor() override;
   chi_status_t start();
   // Refuses new tasks, runs the queued ones, joins the workers.
@@ -50,7 +50,6 @@ class CpuExecutor final : public Executor {
 
   const Config &cfg_;
   const Registry &reg_;
-  const void *owner_;
   uint32_t nslots_;
   size_t payload_;
   size_t slot_stride_;

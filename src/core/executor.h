@@ -20,9 +20,7 @@ struct FutureParts {
 };
 
 constexpr uint32_t kGenMask = 0xFFFFFFu;
-constexpr uint32_t kMaxSlots = 0xFFFFFEu;
 constexpr uint32_t kCpuPool = 0;
-constexpr uint32_t kMaxPools = 255;
 
 inline chi_future_t encode_future(uint32_t tag, uint32_t pool, uint32_t gen, uint32_t slot) {
   return (uint64_t(tag & 0xFF) << 56) | (uint64_t(pool & 0xFF) << 48) |

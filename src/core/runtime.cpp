@@ -54,7 +54,7 @@ Runtime::~Runtime() {
 chi_status_t Runtime::start() {
   set_log_level(cfg_.log_level);
   register_builtins(registry_);
-  cpu_ = std::make_unique<CpuExecutor>(cfg_, registry_, this);
+  cpu_ = std::make_unique<CpuExecutor>(cfg_, registry_);
   if (chi_status_t s = cpu_->start(); s != CHI_OK) return s;
   if (chi_status_t s = create_gpu_system(*this, cfg_, &gpu_); s != CHI_OK) return s;
   log(LogLevel::kInfo, "runtime up: %u workers, %u slots, %u-byte payloads, %d GPU(s)",

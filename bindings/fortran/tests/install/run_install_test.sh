@@ -46,7 +46,7 @@ done
 check_run() {
   # $1: the consumer; run without LD_LIBRARY_PATH when $2 is "rpath".
   if [ "${2:-}" = rpath ]; then out=$("$1") || fail "$1 exited with $?"
-  else out=$(LD_LIBRARY_PATH="$libdir" "$1") || fail "$1 exited with $?"; fi
+  else out=$(LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$1") || fail "$1 exited with $?"; fi
   case "$out" in
   "OK "*) ;;
   *) fail "$1 printed '$out'" ;;
