@@ -1,7 +1,10 @@
 #include "gpu/gpu_device.h"
 
+#include <pthread.h>
+#include <sys/prctl.h>
 #include <time.h>
 
+#include <cerrno>
 #include <cstring>
 #include <mutex>
 
@@ -20,10 +23,29 @@ namespace {
 constexpr int64_t kStopTimeoutNs = 60ll * 1000000000;
 // How long chi_finalize waits for queued CPU->GPU tasks.
 constexpr int64_t kDrainTimeoutNs = 10ll * 1000000000;
+// The lease thread sleeps until this long before a lease ends, then watches
+// the stream (a sleep overshoots by some microseconds even with 1 us slack).
+constexpr int64_t kLeaseWakeEarlyNs = 40000;
+// After watching this long past the expected end, it naps between looks.
+constexpr int64_t kLeaseWatchNs = 200000;
 
 void sleep_ns(long ns) {
   timespec ts{0, ns};
   nanosleep(&ts, nullptr);
+}
+
+void sleep_until_ns(int64_t t) {
+  timespec ts{time_t(t / 1000000000), long(t % 1000000000)};
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) == EINTR) {
+  }
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
 }
 
 // Hands out aligned offsets inside one allocation.
@@ -67,9 +89,18 @@ chi_status_t GpuDevice::allocate() {
     return cuda_error(CHI_ERR_INTERNAL, id_, "reading the SM count", e);
   shape_ = make_shape(rt_.config(), sms);
   const Shape &s = shape_;
-  for (cudaStream_t *st : {&orch_stream_, &ctl_stream_})
-    if (cudaError_t e = cudaStreamCreateWithFlags(st, cudaStreamNonBlocking); e != cudaSuccess)
-      return cuda_error(CHI_ERR_INTERNAL, id_, "creating a stream", e);
+  // The orchestrator's stream has the highest priority: after a lease, its
+  // relaunched blocks go before blocks of other kernels still waiting for an SM.
+  int prio_least = 0, prio_greatest = 0;
+  if (cudaDeviceGetStreamPriorityRange(&prio_least, &prio_greatest) != cudaSuccess) {
+    (void)cudaGetLastError();
+    prio_greatest = 0;
+  }
+  if (cudaError_t e = cudaStreamCreateWithPriority(&orch_stream_, cudaStreamNonBlocking, prio_greatest);
+      e != cudaSuccess)
+    return cuda_error(CHI_ERR_INTERNAL, id_, "creating a stream", e);
+  if (cudaError_t e = cudaStreamCreateWithFlags(&ctl_stream_, cudaStreamNonBlocking); e != cudaSuccess)
+    return cuda_error(CHI_ERR_INTERNAL, id_, "creating a stream", e);
 
   const uint64_t rec = CHI_DEV_LL_WORDS * sizeof(uint64_t);
   const bool bufs = s.max_payload > CHI_DEV_LL_INLINE;
@@ -158,6 +189,7 @@ chi_status_t GpuDevice::allocate() {
   os.h2d_next = reinterpret_cast<uint64_t *>(dev_ + next);
   os.dispatch = dispatch_;
   os.scratch = dev_ + scratch;
+  os.lease_ns = s.lease_ns;
 
   // Run-queue cell i starts free for ticket i; no method has a user handler yet.
   std::vector<uint64_t> cells(s.dslots);
@@ -188,9 +220,10 @@ chi_status_t GpuDevice::allocate() {
                                         reinterpret_cast<uint64_t *>(pinned_ + d2h_reply),
                                         bufs ? pinned_ + d2h_buf : nullptr, exec_.get());
   log(LogLevel::kInfo,
-      "GPU %d (CUDA device %d): orchestrator %u x %u threads, %u polling warps; %u CPU->GPU "
-      "slots, %u device slots, %u CPU pollers; %.1f MiB pinned, %.1f MiB device",
-      id_, ordinal_, s.blocks, s.threads, s.h2d_pollers, s.h2d_slots, s.dslots, s.cpu_pollers,
+      "GPU %d (CUDA device %d): orchestrator %u x %u threads, %u polling warps, lease %llu us%s; "
+      "%u CPU->GPU slots, %u device slots, %u CPU pollers; %.1f MiB pinned, %.1f MiB device",
+      id_, ordinal_, s.blocks, s.threads, s.h2d_pollers, (unsigned long long)(s.lease_ns / 1000),
+      s.lease_ns ? "" : " (persistent)", s.h2d_slots, s.dslots, s.cpu_pollers,
       hc.size / 1048576.0, dc.size / 1048576.0);
   return CHI_OK;
 }
@@ -200,7 +233,63 @@ chi_status_t GpuDevice::start() {
   if (chi_status_t s = allocate(); s != CHI_OK) return s;
   poller_->start();
   launcher_ = launch_builtin;
-  return launch_locked();
+  if (chi_status_t s = launch_locked(); s != CHI_OK) return s;
+  if (shape_.lease_ns) lease_thread_ = std::thread([this] { lease_loop(); });
+  return CHI_OK;
+}
+
+void GpuDevice::lease_loop() {
+  pthread_setname_np(pthread_self(), "chi-gpu-lease");
+  // Wake-ups on time: the default 50 us slack would widen every relaunch gap.
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+  // The launchers (ours, or a user's with its own CUDA runtime instance) use
+  // the context current to this thread.
+  (void)cudaSetDevice(ordinal_);
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    lease_cv_.wait(lock, [this] { return lease_quit_.load() || (running_ && !broken_); });
+    if (lease_quit_.load()) return;
+    const uint64_t epoch = launches_.load();
+    const int64_t launched = launched_at_;
+    lock.unlock();
+    // Sleep through most of the lease, then watch for the kernel's end.
+    // Everything that launches or stops the kernel holds mu_; this look is
+    // only a hint, checked again under the lock.
+    const int64_t due = launched + int64_t(shape_.lease_ns);
+    if (due - kLeaseWakeEarlyNs > now_ns()) sleep_until_ns(due - kLeaseWakeEarlyNs);
+    long nap;
+    for (;;) {
+      cudaError_t e = cudaStreamQuery(orch_stream_);
+      if (e != cudaErrorNotReady) break;
+      if (lease_quit_.load(std::memory_order_relaxed) || launches_.load() != epoch) break;
+      const int64_t late = now_ns() - due;
+      if (late > kLeaseWatchNs) {
+        // Late: the kernel started late (it waited for an SM) or a handler
+        // runs long.  Look every 20 us, after 20 ms of that every 1 ms.
+        nap = late < 20000000 ? 20000 : 1000000;
+        sleep_ns(nap);
+      } else {
+        for (int i = 0; i < 64; ++i) cpu_relax();  // spares the CUDA runtime's locks
+      }
+    }
+    lock.lock();
+    if (lease_quit_.load()) return;
+    if (!running_ || broken_ || launches_.load() != epoch) continue;  // paused, or launched anew
+    cudaError_t e = cudaStreamQuery(orch_stream_);
+    if (e == cudaErrorNotReady) continue;
+    if (e != cudaSuccess) {
+      broken_ = true;
+      running_ = false;
+      cuda_error(CHI_ERR_INTERNAL, id_, "orchestrator kernel failed", e);
+      log(LogLevel::kError, "%s", last_error());
+      continue;
+    }
+    if (launch_locked() != CHI_OK) {
+      broken_ = true;
+      running_ = false;
+      log(LogLevel::kError, "GPU %d: relaunch after the lease: %s", id_, last_error());
+    }
+  }
 }
 
 void GpuDevice::context(chi_dev_context_t *ctx) const {
@@ -210,8 +299,9 @@ void GpuDevice::context(chi_dev_context_t *ctx) const {
 
 chi_status_t GpuDevice::write_stop(uint32_t value) {
   DeviceGuard guard(ordinal_);
-  *stop_src_ = value;
-  cudaError_t e = cudaMemcpyAsync(control_, stop_src_, sizeof(uint32_t), cudaMemcpyHostToDevice,
+  stop_src_[0] = value;
+  stop_src_[1] = 0;  // the fault word
+  cudaError_t e = cudaMemcpyAsync(control_, stop_src_, 2 * sizeof(uint32_t), cudaMemcpyHostToDevice,
                                   ctl_stream_);
   if (e == cudaSuccess) e = cudaStreamSynchronize(ctl_stream_);
   if (e != cudaSuccess) {
@@ -237,6 +327,9 @@ chi_status_t GpuDevice::launch_locked() {
                      cudaGetErrorString(e));
   }
   running_ = true;
+  launched_at_ = now_ns();
+  launches_.fetch_add(1);
+  lease_cv_.notify_all();
   return CHI_OK;
 }
 
@@ -303,14 +396,17 @@ chi_status_t GpuDevice::set_orchestrator(chi_gpu_launch_fn launch,
   chi_status_t s = write_stop(0);
   if (s == CHI_OK) s = launch_locked();
   if (s == CHI_OK) {
-    // A kernel built against another chimaera_device.h exits at once.
+    // A kernel built against another chimaera_device.h exits at once and
+    // says so in the fault word (write_stop cleared it).  A kernel that ended
+    // within this time because its lease did leaves it clear.
     sleep_ns(2000000);
-    if (cudaStreamQuery(orch_stream_) != cudaSuccess) return CHI_OK;
-    running_ = false;
     uint32_t fault = 0;
-    e = cudaMemcpyAsync(stop_src_, control_ + 1, sizeof fault, cudaMemcpyDefault, ctl_stream_);
+    e = cudaMemcpyAsync(stop_src_ + 2, control_ + 1, sizeof fault, cudaMemcpyDefault, ctl_stream_);
     if (e == cudaSuccess) e = cudaStreamSynchronize(ctl_stream_);
-    fault = *stop_src_;
+    if (e != cudaSuccess) return cuda_error(CHI_ERR_INTERNAL, id_, "reading the fault word", e);
+    fault = stop_src_[2];
+    if (fault == 0) return CHI_OK;
+    (void)pause_locked();  // it has exited: waits for the stream
     s = set_error(CHI_ERR_INTERNAL, "GPU %d: user orchestrator exited at once (fault %u%s)", id_,
                   fault, fault == CHI_DEV_FAULT_ABI ? ": built against another chimaera_device.h" : "");
   }
@@ -391,7 +487,7 @@ chi_status_t GpuDevice::upload_regions(const std::vector<Region> &snapshot) {
 }
 
 chi_status_t GpuDevice::shutdown() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (shut_) return CHI_OK;
   shut_ = true;
   chi_status_t status = CHI_OK;
@@ -405,7 +501,11 @@ chi_status_t GpuDevice::shutdown() {
         log(LogLevel::kWarn, "GPU %d: %u CPU->GPU task(s) unfinished at shutdown", id_, left);
         break;
       }
+      // Unlocked, so the lease thread can relaunch the kernel (shut_ keeps
+      // every other caller out).
+      lock.unlock();
       sleep_ns(100000);
+      lock.lock();
     }
   }
   if (exec_) exec_->close();
@@ -421,6 +521,12 @@ chi_status_t GpuDevice::shutdown() {
   // finished results) have stopped.
   if (exec_) exec_->mark_stopped();
   if (!kernel_gone_) log(LogLevel::kError, "GPU %d: orchestrator still running; its memory is leaked", id_);
+  log(LogLevel::kDebug, "GPU %d: orchestrator launched %llu times", id_,
+      (unsigned long long)launches_.load());
+  lease_quit_.store(true);
+  lease_cv_.notify_all();
+  lock.unlock();
+  if (lease_thread_.joinable()) lease_thread_.join();
   return status;
 }
 

@@ -1,9 +1,13 @@
 // One GPU: its memory (pinned host and device), the orchestrator kernel and
-// its launch/pause/resume, the CPU->GPU executor and the GPU->CPU pollers.
+// its launch/pause/resume, the lease thread that relaunches the kernel when
+// its lease ends, the CPU->GPU executor and the GPU->CPU pollers.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "chimaera_device.h"
@@ -59,8 +63,12 @@ class GpuDevice {
   chi_status_t launch_locked();
   chi_status_t pause_locked();
   chi_status_t resume_locked();
+  // Writes the stop flag and clears the fault word.
   chi_status_t write_stop(uint32_t value);
   void release_memory();
+  // The lease thread: relaunches the orchestrator each time its lease ends,
+  // until pause (waits for resume) or shutdown.
+  void lease_loop();
 
   Runtime &rt_;
   const int32_t id_;
@@ -78,8 +86,13 @@ class GpuDevice {
   chi_dev_region_t *region_stage_ = nullptr;
   std::unique_ptr<H2dExecutor> exec_;
   std::unique_ptr<CpuPoller> poller_;
-  std::mutex mu_;  // serializes pause/resume/set_orchestrator/regions/shutdown
-  bool running_ = false;
+  std::mutex mu_;  // serializes pause/resume/set_orchestrator/regions/shutdown and every launch
+  std::condition_variable lease_cv_;  // running_ became true, or lease_quit_
+  std::thread lease_thread_;          // only with a lease (gpu.lease_us > 0)
+  std::atomic<bool> lease_quit_{false};
+  std::atomic<uint64_t> launches_{0};  // kernel launches so far
+  int64_t launched_at_ = 0;            // now_ns() of the last launch
+  bool running_ = false;  // the orchestrator is on: launched, or about to be relaunched
   bool broken_ = false;  // the kernel faulted or would not stop: no more CUDA work
   bool shut_ = false;
   bool kernel_gone_ = true;  // false: the kernel would not stop, so its memory stays

@@ -143,7 +143,8 @@ const char *unusable(int ordinal, std::string *detail) {
 }
 
 // Warns when kernels still load lazily (CUDA was initialized before chi_init
-// without CUDA_MODULE_LOADING=EAGER): see docs/gpu.md.
+// without CUDA_MODULE_LOADING=EAGER) and the orchestrator has no lease
+// (gpu.lease_us: 0): see docs/gpu.md.
 void warn_if_lazy_loading() {
 #if !CHI_HAVE_HIP
   using mode_fn = int (*)(int *);
@@ -159,9 +160,10 @@ void warn_if_lazy_loading() {
   constexpr int kLazy = 2;  // CU_MODULE_LAZY_LOADING
   if (reinterpret_cast<mode_fn>(fn)(&mode) == 0 && mode == kLazy)
     log(LogLevel::kWarn,
-        "CUDA loads modules lazily: the first launch of a kernel while an orchestrator runs can "
-        "hang; set CUDA_MODULE_LOADING=EAGER before the process's first CUDA call, or launch "
-        "each kernel once before chi_init (docs/gpu.md)");
+        "CUDA loads modules lazily and gpu.lease_us is 0: the first launch of a kernel while "
+        "the persistent orchestrator runs can hang; set CUDA_MODULE_LOADING=EAGER before the "
+        "process's first CUDA call, launch each kernel once before chi_init, or keep a lease "
+        "(docs/gpu.md)");
 #endif
 }
 
@@ -172,10 +174,11 @@ chi_status_t create_gpu_system(Runtime &rt, const Config &cfg, std::unique_ptr<G
   out->reset();
   if (cfg.gpu.devices == 0) return CHI_OK;
   // Lazy module loading (CUDA's default) loads a kernel at its first launch,
-  // and that may wait for every running kernel: with a persistent
-  // orchestrator running, forever.  Eager loading avoids it; it only takes
-  // effect if CUDA is not initialized yet, and an explicit choice is kept.
-  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+  // and that may wait for every running kernel: with a leased orchestrator
+  // about one lease, with a persistent one (gpu.lease_us: 0) forever.  For
+  // the latter eager loading avoids it; it only takes effect if CUDA is not
+  // initialized yet, and an explicit choice is kept.
+  if (cfg.gpu.lease_us == 0) setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   int n = 0;
   // Without a driver this fails (cudart loads libcuda lazily): no GPU, not an error.
   cudaError_t e = cudaGetDeviceCount(&n);
@@ -202,7 +205,7 @@ chi_status_t create_gpu_system(Runtime &rt, const Config &cfg, std::unique_ptr<G
     return set_error(CHI_ERR_NO_DEVICE, "%d GPU(s) requested but %zu usable", cfg.gpu.devices,
                      use.size());
   if (use.empty()) return CHI_OK;
-  gpu::warn_if_lazy_loading();
+  if (cfg.gpu.lease_us == 0) gpu::warn_if_lazy_loading();
   auto sys = std::make_unique<gpu::DeviceGpuSystem>(rt);
   for (int d : use)
     if (chi_status_t s = sys->add(d); s != CHI_OK) return s;

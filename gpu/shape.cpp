@@ -74,6 +74,7 @@ Shape make_shape(const Config &cfg, int sm_count) {
   s.d2h_ring_entries = s.dslots * s.cpu_pollers;
   s.wait_spin_ns = wait_spin_ns();
   s.max_payload = cfg.gpu.max_payload;
+  s.lease_ns = uint64_t(cfg.gpu.lease_us) * 1000;
   uint64_t stride = (uint64_t(s.max_payload) + 63) & ~uint64_t(63);
   s.payload_stride = stride < 128 ? 128 : stride;  // room for the 112 inline bytes
   return s;

@@ -20,6 +20,7 @@ struct Shape {
   uint32_t blocks = 0;
   uint32_t threads = 0;           // per block
   uint32_t nwarps = 0;
+  uint64_t lease_ns = 0;          // gpu.lease_us: the orchestrator kernel's lease, 0: never ends
 };
 
 // sm_count: multiprocessors of the GPU (the grid never covers all of them).

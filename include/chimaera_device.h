@@ -47,7 +47,7 @@
  * library and user kernels compile the same definitions; CHI_DEV_ABI_VERSION
  * changes whenever one of them does. */
 
-#define CHI_DEV_ABI_VERSION 2u
+#define CHI_DEV_ABI_VERSION 3u
 #define CHI_DEV_CTX_MAGIC 0x43484944u /* "CHID" */
 
 /* An LL record: 32 eight-byte words, each {uint32 data, uint32 flag}.  Words
@@ -131,6 +131,10 @@ typedef struct chi_dev_orch_state {
   uint64_t *h2d_next;    /* device: next ticket of each polling warp */
   int32_t *dispatch;     /* device: method id -> user dispatch index, -1: none */
   uint8_t *scratch;      /* device: per warp, input then output, payload_stride each */
+  /* Fields added after ABI 2 go here, after `control`: a kernel of another ABI
+   * still finds `abi` and `control` where it expects them and reports itself. */
+  uint64_t lease_ns;     /* the kernel ends this long after it started (0: never); the
+                          * runtime relaunches it at once, state stays in device memory */
 } chi_dev_orch_state_t;
 
 #define CHI_DEV_FAULT_ABI 1u /* kernel compiled against another chimaera_device.h */
@@ -738,7 +742,9 @@ CHI_DEVICE chi_status_t chi_dev_warp_wait(const chi_dev_context_t *ctx, chi_futu
  * orchestrator made with CHI_DEFINE_ORCHESTRATOR, so built-in methods always
  * work.  Warps 0 .. h2d_pollers-1 poll the CPU->GPU ring (each its share of
  * tickets) and run what they find; the other warps run the GPU->GPU queue
- * (with a single warp, it does both).  Handlers run on a whole warp. */
+ * (with a single warp, it does both).  Handlers run on a whole warp.  The
+ * kernel ends after its lease (state->lease_ns) or at the stop flag and is
+ * relaunched by the runtime; a launch picks up where the last one stopped. */
 namespace chi_dev_detail {
 
 CHI_DEVICE void warp_copy(uint8_t *dst, const uint8_t *src, uint32_t n, uint32_t lane) {
@@ -983,9 +989,17 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
     uint64_t h = lane == 0 ? chi_port::ld_relaxed_dev(l->d2d_head) : 0u;
     qhead = chi_port::shfl(h, 0);
   }
+  /* The lease: every warp ends at its own start + lease_ns, once its current
+   * tasks are done (all in-flight state is in device memory: the polling
+   * warps' next tickets, the run queue and the slots), so that device-wide
+   * synchronization by other code waits at most about one lease; the runtime
+   * relaunches the kernel at once. */
+  const uint64_t lease_ns = st->lease_ns;
+  const uint64_t lease_end = lease_ns ? chi_port::timer_ns() + lease_ns : ~0ull;
   for (;;) {
     /* The stop flag's load overlaps this round's polls; it is looked at after them. */
     const uint32_t stop = lane == 0 ? chi_port::ld_relaxed_dev(st->control) : 0u;
+    const uint32_t expired = lane == 0 && lease_ns ? chi_port::timer_ns() >= lease_end : 0u;
     uint32_t ran = 0;
     if (poller) {
       ran = poll_host<D>(st, &next, batch, lane, in, out);
@@ -998,7 +1012,7 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
       for (uint32_t k = 0; k < n; ++k) run_device_task<D>(st, chi_port::shfl(mine, static_cast<int>(k)), lane);
       ran += n;
     }
-    if (chi_port::shfl(stop, 0)) break;
+    if (chi_port::shfl(stop | expired, 0)) break;
     if (ran) {
       idle_since = 0;
     } else if (!poller) {
@@ -1029,7 +1043,10 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
  * at most req->output_capacity bytes to req->output.  Keep handlers short:
  * while one runs, its warp serves no other task.  Built-in methods (echo, add,
  * checksum) keep working; a method the dispatch does not serve gives
- * CHI_ERR_NOT_FOUND at the waiter. */
+ * CHI_ERR_NOT_FOUND at the waiter.  The kernel follows the same lease as the
+ * built-in one (gpu.lease_us): it ends after the lease and the runtime
+ * relaunches it through the launcher, from its own thread, so a handler
+ * must not keep state in registers or shared memory across tasks. */
 #define CHI_DEFINE_ORCHESTRATOR(name, dispatch_fn, names_array, count)                           \
   struct name##_chi_dispatch {                                                                  \
     static __device__ __forceinline__ chi_status_t call(uint32_t index, chi_dev_request_t *req) { \

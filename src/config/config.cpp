@@ -185,6 +185,8 @@ const Setting kSettings[] = {
      [](Config &c, const Value &v) { c.gpu.poll_interval_us = static_cast<uint32_t>(v.i); }},
     {"gpu.poller_spin_ns", "CHI_GPU_POLLER_SPIN_NS", Kind::kInt, 0, 10000000000, false,
      [](Config &c, const Value &v) { c.gpu.poller_spin_ns = v.i; }},
+    {"gpu.lease_us", "CHI_GPU_LEASE_US", Kind::kInt, 0, 1000000, false,
+     [](Config &c, const Value &v) { c.gpu.lease_us = static_cast<uint32_t>(v.i); }},
 };
 
 const Setting *find_setting(const std::string &key) {
