@@ -62,7 +62,7 @@ typedef int32_t chi_route_t;   /* >= 0: that GPU                             */
 #define CHI_ROUTE_GPU(n) ((chi_route_t)(n))
 
 #define CHI_MODE_EMBEDDED 0 /* the runtime lives in this process            */
-#define CHI_MODE_CLIENT 1   /* connect to a chimaera-server (later release) */
+#define CHI_MODE_CLIENT 1   /* connect to a chimaera-server (see chi_init)     */
 
 /* Built-in methods, registered first by every runtime with these fixed ids,
  * served by the CPU workers and by every GPU orchestrator.
@@ -287,6 +287,97 @@ CHI_API chi_status_t chi_unregister_mem(chi_runtime_t *rt, uint64_t region);
  * outside the region).  Thread safety: safe. */
 CHI_API chi_status_t chi_mem_resolve(chi_runtime_t *rt, const chi_mem_ref_t *ref, void **ptr,
                                      int32_t *gpu);
+
+/* -------------------------------------------------------------- statistics */
+
+/* Counters of one route (see chi_stats).  Latencies run from submission to
+ * the end of the handler, from a log-linear histogram (each figure is the
+ * upper edge of its bucket: at most ~19% above the true value); 0 when no
+ * task of the route was timed. */
+typedef struct chi_route_stats {
+  uint64_t submitted;      /* tasks accepted                               */
+  uint64_t completed;      /* tasks finished with CHI_OK                   */
+  uint64_t failed;         /* tasks finished with another status           */
+  uint64_t in_flight;      /* accepted and not yet finished                */
+  uint64_t latency_p50_ns;
+  uint64_t latency_p99_ns;
+  uint64_t latency_max_ns;
+} chi_route_stats_t;
+
+/* Indices of chi_stats_t.routes. */
+#define CHI_STATS_CPU 0    /* host code -> CPU workers (timed)                    */
+#define CHI_STATS_GPU 1    /* host code -> GPU orchestrators (counted at submit and
+                              when the future is consumed; not timed)             */
+#define CHI_STATS_CLIENT 2 /* client processes -> this server, every route (timed) */
+#define CHI_STATS_ROUTES 4 /* entries in routes[] (the last is reserved)          */
+
+typedef struct chi_stats {
+  size_t struct_size;                          /* set by the caller: sizeof(chi_stats_t) */
+  chi_route_stats_t routes[CHI_STATS_ROUTES];
+  uint32_t workers;        /* CPU worker threads                               */
+  uint32_t clients;        /* client sessions connected (a serving runtime)    */
+  int32_t gpus;            /* GPUs driven                                      */
+  uint32_t reserved;
+  uint64_t slots_in_use;   /* CPU task slots held (queued, running or unclaimed) */
+  uint64_t slots_total;
+} chi_stats_t;
+
+/* Reads the runtime's counters.  In client mode they are the server's (one
+ * round trip over the session socket).
+ *   stats  [in/out] struct_size must be set; the library fills at most that
+ *          many bytes.
+ * Returns CHI_OK, CHI_ERR_INVALID (NULL, struct_size too small),
+ * CHI_ERR_DISCONNECTED (client mode, server gone).  Thread safety: safe. */
+CHI_API chi_status_t chi_stats(chi_runtime_t *rt, chi_stats_t *stats);
+
+/* ------------------------------------------------------------------ server */
+
+typedef struct chi_server chi_server_t; /* opaque */
+
+/* Serves this (embedded) runtime to client processes of the same user over
+ * shared memory (what chimaera-server does; see docs/server.md).
+ *   address  "shm://NAME"; "" for this user's default server (what a
+ *            client with no address connects to); NULL: every address of
+ *            the config key server.listen, else the default server.
+ *   srv      [out] the server; stopped by chi_server_stop or chi_finalize.
+ * The endpoint is a Unix socket in a per-user directory (mode 0700):
+ * $CHI_RUNTIME_DIR, else $XDG_RUNTIME_DIR/chimaera, else /tmp/chimaera-UID.
+ * Returns CHI_OK, CHI_ERR_INVALID (bad address, NULL argument, a client
+ * runtime), CHI_ERR_PERMISSION (runtime directory not private),
+ * CHI_ERR_AGAIN (another live server holds the address: the message names
+ * its pid), CHI_ERR_INTERNAL (socket calls failed).  A stale endpoint left
+ * by a dead server is taken over.  Thread safety: safe. */
+CHI_API chi_status_t chi_server_start(chi_runtime_t *rt, const char *address, chi_server_t **srv);
+
+/* Stops serving: accepts no more clients, answers tasks still queued in
+ * client rings CHI_ERR_SHUTDOWN, waits up to drain_timeout_ms for tasks that
+ * already run, tells every client the server is gone (their calls return
+ * CHI_ERR_DISCONNECTED) and removes the endpoint files.  NULL is a no-op.
+ * drain_timeout_ms UINT32_MAX means the config's server.shutdown_timeout_ms.
+ * Returns CHI_OK, or CHI_ERR_TIMEOUT when tasks still ran at the bound (the
+ * runtime then still owns them; chi_finalize waits for them).
+ * Thread safety: not concurrent with other calls on the same server. */
+CHI_API chi_status_t chi_server_stop(chi_server_t *srv, uint32_t drain_timeout_ms);
+
+/* Blocks until a client asked the server to stop (chimaera-ctl stop) or
+ * timeout_ms passed (< 0: no bound).  Returns CHI_OK (stop asked),
+ * CHI_ERR_TIMEOUT, CHI_ERR_INVALID (NULL).  Thread safety: safe. */
+CHI_API chi_status_t chi_server_wait_stop_request(chi_server_t *srv, int64_t timeout_ms);
+
+/* Sends one administrative request to a running server, without becoming
+ * a client (what chimaera-ctl does).
+ *   address   "shm://NAME", or NULL / "" for this user's default server.
+ *   request   "ping", "status" (a text report), "status-json" or "stop"
+ *             (the server then stops as on SIGTERM).
+ *   reply     [out] the server's answer, NUL-terminated (may be NULL).
+ *   reply_size [out] bytes of the full answer without the NUL (may be NULL).
+ * Returns CHI_OK, CHI_ERR_INVALID (bad address or request),
+ * CHI_ERR_DISCONNECTED (no server there, or it stopped answering),
+ * CHI_ERR_PERMISSION, CHI_ERR_PROTOCOL (version skew: the message names both
+ * versions), CHI_ERR_TOO_LARGE (reply truncated to capacity - 1 bytes).
+ * Thread safety: safe. */
+CHI_API chi_status_t chi_server_query(const char *address, const char *request, char *reply,
+                                      size_t capacity, size_t *reply_size);
 
 /* -------------------------------------------------------------------- GPU */
 

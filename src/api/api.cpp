@@ -2,13 +2,19 @@
 // exception, and answers with a status (detail in chi_last_error_message).
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
+#include <memory>
 #include <exception>
 #include <new>
 
 #include "api/error.h"
 #include "chimaera.h"
+#include "client/client_runtime.h"
+#include "core/log.h"
 #include "core/runtime.h"
+#include "server/server.h"
 
 using chi::set_error;
 
@@ -29,20 +35,49 @@ chi_status_t guarded(F &&f) noexcept {
   }
 }
 
-chi::Runtime *engine_of(chi_runtime_t *rt) {
-  if (!rt || rt->magic != kRuntimeMagic || !rt->engine) return nullptr;
-  return rt->engine;
+bool valid_handle(chi_runtime_t *rt) {
+  return rt && rt->magic == kRuntimeMagic && (rt->engine || rt->client);
 }
 
-#define CHI_ENGINE(rt, var)                                                          \
-  chi::Runtime *var = engine_of(rt);                                                 \
-  if (!var) return set_error(CHI_ERR_INVALID, "runtime is NULL or not a chimaera runtime")
+chi::Runtime *engine_of(chi_runtime_t *rt) {
+  return valid_handle(rt) ? rt->engine : nullptr;
+}
+
+#define CHI_HANDLE(rt)    \
+  if (!valid_handle(rt)) \
+  return set_error(CHI_ERR_INVALID, "runtime is NULL or not a chimaera runtime")
+
+// The engine of an embedded runtime; calls that need one say so for clients.
+#define CHI_ENGINE(rt, var)                                                                   \
+  CHI_HANDLE(rt);                                                                             \
+  chi::Runtime *var = engine_of(rt);                                                          \
+  if (!var)                                                                                   \
+    return set_error(CHI_ERR_INVALID, "%s: not available on a client runtime (see docs/server.md)", \
+                     __func__)
+
+// The in-process engine behind calls about handlers, modules and memory: the
+// runtime itself, or a client's local pool (made on first use when create).
+chi_status_t local_engine(chi_runtime_t *rt, bool create, chi::Runtime **e) {
+  if (rt->engine) {
+    *e = rt->engine;
+    return CHI_OK;
+  }
+  return rt->client->local(create, e);
+}
+
+// No GPU calls from a client process yet: the orchestrators are the server's.
+chi_status_t client_gpu_refusal(const char *what) {
+  return set_error(CHI_ERR_NO_DEVICE,
+                   "%s: a client process cannot drive the server's GPUs directly in this release "
+                   "(CPU->GPU tasks through chi_submit work)",
+                   what);
+}
 
 #define CHI_NONNULL(p) \
   if (!(p)) return set_error(CHI_ERR_INVALID, "argument '%s' is NULL", #p)
 
-chi_status_t resolve_future(chi::Runtime *e, chi_future_t f, chi::Executor **exec,
-                            chi::FutureParts *parts) {
+chi_status_t resolve_engine_future(chi::Runtime *e, chi_future_t f, chi::Executor **exec,
+                                   chi::FutureParts *parts) {
   if (!chi::decode_future(f, parts)) return set_error(CHI_ERR_INVALID, "future 0 is never valid");
   if (parts->tag != e->tag())
     return set_error(CHI_ERR_INVALID, "future %#llx does not belong to this runtime",
@@ -52,6 +87,33 @@ chi_status_t resolve_future(chi::Runtime *e, chi_future_t f, chi::Executor **exe
     return set_error(CHI_ERR_INVALID, "future %#llx names no executor of this runtime",
                      (unsigned long long)f);
   return CHI_OK;
+}
+
+// Where a future goes: *client set for a client's server task, else *exec.
+chi_status_t resolve_future(chi_runtime_t *rt, chi_future_t f, chi::Executor **exec,
+                            chi::FutureParts *parts, chi::ClientRuntime **client,
+                            chi::Runtime **engine) {
+  *client = nullptr;
+  if (rt->engine) {
+    *engine = rt->engine;
+    return resolve_engine_future(rt->engine, f, exec, parts);
+  }
+  if (!chi::decode_future(f, parts)) return set_error(CHI_ERR_INVALID, "future 0 is never valid");
+  if (parts->tag == rt->client->tag() && parts->pool == chi::kClientPool) {
+    *client = rt->client;
+    return CHI_OK;
+  }
+  chi::Runtime *l = rt->client->local_if_any();
+  if (!l || parts->tag != l->tag())
+    return set_error(CHI_ERR_INVALID, "future %#llx does not belong to this runtime",
+                     (unsigned long long)f);
+  *engine = l;
+  return resolve_engine_future(l, f, exec, parts);
+}
+
+void count_gpu_result(chi::Runtime *e, const chi::FutureParts &p, chi_status_t s) {
+  if (p.pool != chi::kCpuPool && s != CHI_ERR_TIMEOUT && s != CHI_ERR_TOO_LARGE && s != CHI_ERR_INVALID)
+    e->stats(CHI_STATS_GPU).finished(s, -1);
 }
 
 }  // namespace
@@ -107,13 +169,20 @@ CHI_API chi_status_t chi_init(const chi_config_t *cfg, chi_runtime_t **rt) {
     std::string err;
     if (chi_status_t s = chi::load_config(cfg, &config, &err); s != CHI_OK)
       return set_error(s, "%s", err.c_str());
-    if (config.mode == CHI_MODE_CLIENT)
-      return set_error(CHI_ERR_DISCONNECTED,
-                       "client mode: this release of chimaera has no chimaera-server transport");
-    auto engine = std::make_unique<chi::Runtime>(std::move(config));
-    if (chi_status_t s = engine->start(); s != CHI_OK) return s;
     auto handle = std::make_unique<chi_runtime>();
     handle->magic = kRuntimeMagic;
+    handle->engine = nullptr;
+    handle->client = nullptr;
+    if (config.mode == CHI_MODE_CLIENT) {
+      chi::set_log_level(config.log_level);
+      std::unique_ptr<chi::ClientRuntime> client;
+      if (chi_status_t s = chi::ClientRuntime::connect(config, &client); s != CHI_OK) return s;
+      handle->client = client.release();
+      *rt = handle.release();
+      return CHI_OK;
+    }
+    auto engine = std::make_unique<chi::Runtime>(std::move(config));
+    if (chi_status_t s = engine->start(); s != CHI_OK) return s;
     handle->engine = engine.get();
     for (const std::string &path : engine->config().modules) {
       if (chi_status_t s = chi_load_module(handle.get(), path.c_str()); s != CHI_OK) {
@@ -131,14 +200,31 @@ CHI_API chi_status_t chi_init(const chi_config_t *cfg, chi_runtime_t **rt) {
 CHI_API chi_status_t chi_finalize(chi_runtime_t *rt) {
   if (!rt) return CHI_OK;
   return guarded([&]() -> chi_status_t {
-    CHI_ENGINE(rt, e);
-    if (e->cpu().on_worker_thread())
+    CHI_HANDLE(rt);
+    chi::Runtime *e = rt->engine ? rt->engine : rt->client->local_if_any();
+    if (e && e->cpu().on_worker_thread())
       return set_error(CHI_ERR_INVALID, "chi_finalize called from one of the runtime's handlers");
-    chi_status_t s = e->shutdown();
-    std::string msg = s != CHI_OK ? chi::last_error() : "";
+    chi_status_t s = CHI_OK;
+    std::string msg;
+    if (rt->engine) {
+      // Servers first: they refuse new client tasks and let running ones end.
+      std::vector<chi::Server *> servers;
+      {
+        std::lock_guard<std::mutex> lock(rt->servers_mu);
+        servers.swap(rt->servers);
+      }
+      for (chi::Server *srv : servers) srv->stop(UINT32_MAX);
+      s = e->shutdown();
+      msg = s != CHI_OK ? chi::last_error() : "";
+      // After the workers stopped: no task can still complete into a session.
+      for (chi::Server *srv : servers) delete srv;
+      delete e;
+    } else {
+      delete rt->client;
+    }
     rt->magic = 0;
     rt->engine = nullptr;
-    delete e;
+    rt->client = nullptr;
     delete rt;
     if (s != CHI_OK) set_error(s, "%s", msg.c_str());
     return s;
@@ -148,7 +234,9 @@ CHI_API chi_status_t chi_finalize(chi_runtime_t *rt) {
 CHI_API chi_status_t chi_register_handler(chi_runtime_t *rt, const char *name, chi_handler_t fn,
                                           void *user_data, chi_method_t *method) {
   return guarded([&]() -> chi_status_t {
-    CHI_ENGINE(rt, e);
+    CHI_HANDLE(rt);
+    if (rt->client) return rt->client->register_handler(name, fn, user_data, method);
+    chi::Runtime *e = rt->engine;
     if (e->stopping()) return set_error(CHI_ERR_SHUTDOWN, "runtime is shutting down");
     return e->registry().add_cpu(name, fn, user_data, method);
   });
@@ -156,76 +244,111 @@ CHI_API chi_status_t chi_register_handler(chi_runtime_t *rt, const char *name, c
 
 CHI_API chi_status_t chi_method_lookup(chi_runtime_t *rt, const char *name, chi_method_t *method) {
   return guarded([&]() -> chi_status_t {
-    CHI_ENGINE(rt, e);
+    CHI_HANDLE(rt);
     CHI_NONNULL(name);
     CHI_NONNULL(method);
-    return e->registry().lookup(name, method);
+    if (rt->client) return rt->client->lookup(name, method);
+    return rt->engine->registry().lookup(name, method);
   });
 }
+
+namespace {
+
+chi_status_t engine_submit(chi::Runtime *e, chi_route_t route, chi_method_t method,
+                           const void *input, size_t input_size, chi_future_t *future) {
+  if (!e->registry().get(method))
+    return set_error(CHI_ERR_INVALID, "method %u was never registered", method);
+  // Handlers still drain during chi_finalize and may submit follow-up work.
+  if (e->stopping() && !e->cpu().on_worker_thread())
+    return set_error(CHI_ERR_SHUTDOWN, "runtime is shutting down");
+  if (input_size > e->config().max_inline_payload)
+    return set_error(CHI_ERR_TOO_LARGE, "input of %zu bytes over max_inline_payload %u", input_size,
+                     e->config().max_inline_payload);
+  chi::Executor *exec;
+  uint32_t pool;
+  if (chi_status_t s = e->route_executor(route, &exec, &pool); s != CHI_OK) return s;
+  uint32_t slot, gen;
+  if (chi_status_t s = exec->submit(method, input, input_size, &slot, &gen); s != CHI_OK) return s;
+  if (pool != chi::kCpuPool) e->stats(CHI_STATS_GPU).submitted();
+  *future = chi::encode_future(e->tag(), pool, gen, slot);
+  return CHI_OK;
+}
+
+}  // namespace
 
 CHI_API chi_status_t chi_submit(chi_runtime_t *rt, chi_route_t route, chi_method_t method,
                                 const void *input, size_t input_size, chi_future_t *future) {
   return guarded([&]() -> chi_status_t {
-    CHI_ENGINE(rt, e);
+    CHI_HANDLE(rt);
     CHI_NONNULL(future);
     *future = 0;
     if (!input && input_size)
       return set_error(CHI_ERR_INVALID, "input is NULL but input_size is %zu", input_size);
-    if (!e->registry().get(method))
-      return set_error(CHI_ERR_INVALID, "method %u was never registered", method);
-    // Handlers still drain during chi_finalize and may submit follow-up work.
-    if (e->stopping() && !e->cpu().on_worker_thread())
-      return set_error(CHI_ERR_SHUTDOWN, "runtime is shutting down");
-    if (input_size > e->config().max_inline_payload)
-      return set_error(CHI_ERR_TOO_LARGE, "input of %zu bytes over max_inline_payload %u",
-                       input_size, e->config().max_inline_payload);
-    chi::Executor *exec;
-    uint32_t pool;
-    if (chi_status_t s = e->route_executor(route, &exec, &pool); s != CHI_OK) return s;
-    uint32_t slot, gen;
-    if (chi_status_t s = exec->submit(method, input, input_size, &slot, &gen); s != CHI_OK)
-      return s;
-    *future = chi::encode_future(e->tag(), pool, gen, slot);
-    return CHI_OK;
+    if (rt->engine) return engine_submit(rt->engine, route, method, input, input_size, future);
+    if (!(method & chi::kLocalMethodBit))
+      return rt->client->submit(route, method, input, input_size, future);
+    // One of this client's own handlers: it runs here, on the local pool.
+    chi::Runtime *l = rt->client->local_if_any();
+    if (!l) return set_error(CHI_ERR_INVALID, "method %#x was never registered", method);
+    if (route != CHI_ROUTE_CPU && route != CHI_ROUTE_LOCAL)
+      return set_error(CHI_ERR_NOT_FOUND,
+                       "method %#x is a handler of this client process: only CHI_ROUTE_CPU runs it",
+                       method);
+    return engine_submit(l, route, method & ~chi::kLocalMethodBit, input, input_size, future);
   });
 }
 
 CHI_API chi_status_t chi_wait(chi_runtime_t *rt, chi_future_t future, int64_t timeout_ns,
                               void *output, size_t output_capacity, size_t *output_size) {
   return guarded([&]() -> chi_status_t {
-    CHI_ENGINE(rt, e);
-    chi::Executor *exec;
+    CHI_HANDLE(rt);
+    chi::Executor *exec = nullptr;
     chi::FutureParts p;
-    if (chi_status_t s = resolve_future(e, future, &exec, &p); s != CHI_OK) return s;
-    return exec->wait(p.slot, p.gen, timeout_ns, output, output_capacity, output_size);
+    chi::ClientRuntime *client;
+    chi::Runtime *e = nullptr;
+    if (chi_status_t s = resolve_future(rt, future, &exec, &p, &client, &e); s != CHI_OK) return s;
+    if (client) return client->wait(p.slot, p.gen, timeout_ns, output, output_capacity, output_size);
+    chi_status_t s = exec->wait(p.slot, p.gen, timeout_ns, output, output_capacity, output_size);
+    count_gpu_result(e, p, s);
+    return s;
   });
 }
 
 CHI_API chi_status_t chi_test(chi_runtime_t *rt, chi_future_t future, int *done) {
   return guarded([&]() -> chi_status_t {
-    CHI_ENGINE(rt, e);
+    CHI_HANDLE(rt);
     CHI_NONNULL(done);
-    chi::Executor *exec;
+    chi::Executor *exec = nullptr;
     chi::FutureParts p;
-    if (chi_status_t s = resolve_future(e, future, &exec, &p); s != CHI_OK) return s;
+    chi::ClientRuntime *client;
+    chi::Runtime *e = nullptr;
+    if (chi_status_t s = resolve_future(rt, future, &exec, &p, &client, &e); s != CHI_OK) return s;
+    if (client) return client->test(p.slot, p.gen, done);
     return exec->test(p.slot, p.gen, done);
   });
 }
 
 CHI_API chi_status_t chi_release(chi_runtime_t *rt, chi_future_t future) {
   return guarded([&]() -> chi_status_t {
-    CHI_ENGINE(rt, e);
-    chi::Executor *exec;
+    CHI_HANDLE(rt);
+    chi::Executor *exec = nullptr;
     chi::FutureParts p;
-    if (chi_status_t s = resolve_future(e, future, &exec, &p); s != CHI_OK) return s;
-    return exec->release(p.slot, p.gen);
+    chi::ClientRuntime *client;
+    chi::Runtime *e = nullptr;
+    if (chi_status_t s = resolve_future(rt, future, &exec, &p, &client, &e); s != CHI_OK) return s;
+    if (client) return client->release(p.slot, p.gen);
+    chi_status_t s = exec->release(p.slot, p.gen);
+    if (s == CHI_OK) count_gpu_result(e, p, CHI_OK);  // released: counted as completed
+    return s;
   });
 }
 
 CHI_API chi_status_t chi_load_module(chi_runtime_t *rt, const char *path) {
   return guarded([&]() -> chi_status_t {
-    CHI_ENGINE(rt, e);
+    CHI_HANDLE(rt);
     CHI_NONNULL(path);
+    chi::Runtime *e;
+    if (chi_status_t s = local_engine(rt, true, &e); s != CHI_OK) return s;
     void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!handle) {
       const char *why = dlerror();
@@ -253,12 +376,15 @@ CHI_API chi_status_t chi_load_module(chi_runtime_t *rt, const char *path) {
 CHI_API chi_status_t chi_register_gpu_mem(chi_runtime_t *rt, int32_t gpu, void *device_ptr,
                                           size_t size, uint64_t *region) {
   return guarded([&]() -> chi_status_t {
-    CHI_ENGINE(rt, e);
+    CHI_HANDLE(rt);
     CHI_NONNULL(device_ptr);
     CHI_NONNULL(region);
     if (size == 0) return set_error(CHI_ERR_INVALID, "region size is 0");
     if (reinterpret_cast<uintptr_t>(device_ptr) + size < reinterpret_cast<uintptr_t>(device_ptr))
       return set_error(CHI_ERR_INVALID, "region wraps around the address space");
+    if (rt->client && gpu != CHI_ROUTE_CPU) return client_gpu_refusal("chi_register_gpu_mem");
+    chi::Runtime *e;
+    if (chi_status_t s = local_engine(rt, true, &e); s != CHI_OK) return s;
     if (gpu == CHI_ROUTE_CPU) return e->regions().add(gpu, device_ptr, size, region);
     if (gpu < 0) return set_error(CHI_ERR_INVALID, "gpu must be >= 0 or CHI_ROUTE_CPU, not %d", gpu);
     chi::GpuSystem *g = e->gpu();
@@ -274,7 +400,10 @@ CHI_API chi_status_t chi_register_gpu_mem(chi_runtime_t *rt, int32_t gpu, void *
 
 CHI_API chi_status_t chi_unregister_mem(chi_runtime_t *rt, uint64_t region) {
   return guarded([&]() -> chi_status_t {
-    CHI_ENGINE(rt, e);
+    CHI_HANDLE(rt);
+    chi::Runtime *e;
+    if (local_engine(rt, false, &e) != CHI_OK)
+      return set_error(CHI_ERR_INVALID, "unknown region %llu", (unsigned long long)region);
     if (chi_status_t s = e->regions().remove(region); s != CHI_OK) return s;
     return e->gpu() ? e->gpu()->regions_changed() : CHI_OK;
   });
@@ -283,19 +412,110 @@ CHI_API chi_status_t chi_unregister_mem(chi_runtime_t *rt, uint64_t region) {
 CHI_API chi_status_t chi_mem_resolve(chi_runtime_t *rt, const chi_mem_ref_t *ref, void **ptr,
                                      int32_t *gpu) {
   return guarded([&]() -> chi_status_t {
-    CHI_ENGINE(rt, e);
+    CHI_HANDLE(rt);
     CHI_NONNULL(ref);
     CHI_NONNULL(ptr);
+    chi::Runtime *e;
+    if (local_engine(rt, false, &e) != CHI_OK)
+      return set_error(CHI_ERR_INVALID, "unknown region %llu", (unsigned long long)ref->region);
     return e->regions().resolve(*ref, ptr, gpu);
   });
 }
 
 CHI_API chi_status_t chi_gpu_count(chi_runtime_t *rt, int32_t *count) {
   return guarded([&]() -> chi_status_t {
-    CHI_ENGINE(rt, e);
+    CHI_HANDLE(rt);
     CHI_NONNULL(count);
-    *count = e->gpu() ? e->gpu()->count() : 0;
+    if (rt->client) {
+      *count = rt->client->gpus();
+      return CHI_OK;
+    }
+    *count = rt->engine->gpu() ? rt->engine->gpu()->count() : 0;
     return CHI_OK;
+  });
+}
+
+CHI_API chi_status_t chi_stats(chi_runtime_t *rt, chi_stats_t *stats) {
+  return guarded([&]() -> chi_status_t {
+    CHI_HANDLE(rt);
+    CHI_NONNULL(stats);
+    if (stats->struct_size < offsetof(chi_stats_t, workers))
+      return set_error(CHI_ERR_INVALID, "chi_stats_t.struct_size %zu is too small (want %zu)",
+                       stats->struct_size, sizeof(chi_stats_t));
+    if (rt->client) return rt->client->stats(stats);
+    chi_stats_t st;
+    rt->engine->read_stats(&st);
+    size_t keep = std::min(stats->struct_size, sizeof st);
+    st.struct_size = stats->struct_size;
+    std::memcpy(stats, &st, keep);
+    return CHI_OK;
+  });
+}
+
+CHI_API chi_status_t chi_server_start(chi_runtime_t *rt, const char *address, chi_server_t **srv) {
+  return guarded([&]() -> chi_status_t {
+    CHI_ENGINE(rt, e);
+    CHI_NONNULL(srv);
+    *srv = nullptr;
+    if (e->stopping()) return set_error(CHI_ERR_SHUTDOWN, "runtime is shutting down");
+    std::vector<std::string> addresses;
+    if (address) addresses.push_back(address);
+    else addresses = e->config().server.listen;
+    if (addresses.empty()) addresses.push_back("");  // this user's default server
+    chi::Server *s;
+    if (chi_status_t st = chi::Server::start(*e, addresses, &s); st != CHI_OK) return st;
+    {
+      std::lock_guard<std::mutex> lock(rt->servers_mu);
+      rt->servers.push_back(s);
+    }
+    *srv = reinterpret_cast<chi_server_t *>(s);
+    return CHI_OK;
+  });
+}
+
+CHI_API chi_status_t chi_server_query(const char *address, const char *request, char *reply,
+                                      size_t capacity, size_t *reply_size) {
+  return guarded([&]() -> chi_status_t {
+    CHI_NONNULL(request);
+    if (reply && capacity) reply[0] = 0;
+    if (reply_size) *reply_size = 0;
+    chi::ipc::Op op;
+    uint16_t flags = 0;
+    std::string req = request;
+    if (req == "ping") op = chi::ipc::Op::kPing;
+    else if (req == "status") op = chi::ipc::Op::kStatus;
+    else if (req == "status-json") op = chi::ipc::Op::kStatus, flags = 1;
+    else if (req == "stop") op = chi::ipc::Op::kStop;
+    else return set_error(CHI_ERR_INVALID, "unknown request '%.32s' (ping, status, status-json, stop)", request);
+    std::unique_ptr<chi::ClientRuntime> c;
+    if (chi_status_t s = chi::ClientRuntime::connect_control(address ? address : "", &c); s != CHI_OK)
+      return s;
+    std::string buf(chi::ipc::kMaxMsgPayload, '\0');
+    uint32_t n = 0;
+    if (chi_status_t s = c->control(op, flags, nullptr, 0, buf.data(), uint32_t(buf.size()), &n); s != CHI_OK)
+      return s;
+    if (reply_size) *reply_size = n;
+    if (reply && capacity) {
+      size_t k = std::min<size_t>(n, capacity - 1);
+      std::memcpy(reply, buf.data(), k);
+      reply[k] = 0;
+      if (k < n) return set_error(CHI_ERR_TOO_LARGE, "reply of %u bytes truncated to %zu", n, k);
+    }
+    return CHI_OK;
+  });
+}
+
+CHI_API chi_status_t chi_server_stop(chi_server_t *srv, uint32_t drain_timeout_ms) {
+  if (!srv) return CHI_OK;
+  return guarded([&]() -> chi_status_t {
+    return reinterpret_cast<chi::Server *>(srv)->stop(drain_timeout_ms);
+  });
+}
+
+CHI_API chi_status_t chi_server_wait_stop_request(chi_server_t *srv, int64_t timeout_ms) {
+  return guarded([&]() -> chi_status_t {
+    CHI_NONNULL(srv);
+    return reinterpret_cast<chi::Server *>(srv)->wait_stop_request(timeout_ms);
   });
 }
 
@@ -314,7 +534,9 @@ chi_status_t gpu_target(chi::Runtime *e, int32_t gpu, bool allow_all, chi::GpuSy
 
 CHI_API chi_status_t chi_gpu_context(chi_runtime_t *rt, int32_t gpu, chi_dev_context_t *ctx) {
   return guarded([&]() -> chi_status_t {
-    CHI_ENGINE(rt, e);
+    CHI_HANDLE(rt);
+    if (rt->client) return client_gpu_refusal("chi_gpu_context");
+    chi::Runtime *e = rt->engine;
     CHI_NONNULL(ctx);
     chi::GpuSystem *g;
     if (chi_status_t s = gpu_target(e, gpu, false, &g); s != CHI_OK) return s;
@@ -324,7 +546,9 @@ CHI_API chi_status_t chi_gpu_context(chi_runtime_t *rt, int32_t gpu, chi_dev_con
 
 CHI_API chi_status_t chi_gpu_pause(chi_runtime_t *rt, int32_t gpu) {
   return guarded([&]() -> chi_status_t {
-    CHI_ENGINE(rt, e);
+    CHI_HANDLE(rt);
+    if (rt->client) return client_gpu_refusal("chi_gpu_pause");
+    chi::Runtime *e = rt->engine;
     chi::GpuSystem *g;
     if (chi_status_t s = gpu_target(e, gpu, true, &g); s != CHI_OK) return s;
     return g->pause(gpu);
@@ -333,7 +557,9 @@ CHI_API chi_status_t chi_gpu_pause(chi_runtime_t *rt, int32_t gpu) {
 
 CHI_API chi_status_t chi_gpu_resume(chi_runtime_t *rt, int32_t gpu) {
   return guarded([&]() -> chi_status_t {
-    CHI_ENGINE(rt, e);
+    CHI_HANDLE(rt);
+    if (rt->client) return client_gpu_refusal("chi_gpu_resume");
+    chi::Runtime *e = rt->engine;
     chi::GpuSystem *g;
     if (chi_status_t s = gpu_target(e, gpu, true, &g); s != CHI_OK) return s;
     return g->resume(gpu);
@@ -343,7 +569,9 @@ CHI_API chi_status_t chi_gpu_resume(chi_runtime_t *rt, int32_t gpu) {
 CHI_API chi_status_t chi_gpu_set_orchestrator(chi_runtime_t *rt, int32_t gpu,
                                               const chi_gpu_orchestrator_t *orch) {
   return guarded([&]() -> chi_status_t {
-    CHI_ENGINE(rt, e);
+    CHI_HANDLE(rt);
+    if (rt->client) return client_gpu_refusal("chi_gpu_set_orchestrator");
+    chi::Runtime *e = rt->engine;
     CHI_NONNULL(orch);
     if (orch->struct_size < sizeof(chi_gpu_orchestrator_t))
       return set_error(CHI_ERR_INVALID, "orchestrator struct_size %zu < %zu", orch->struct_size,

@@ -129,7 +129,7 @@ bool valid_address(const std::string &a) {
   return false;
 }
 
-enum class Kind { kInt, kBool, kLogLevel, kMode, kAddress, kPathList };
+enum class Kind { kInt, kBool, kLogLevel, kMode, kAddress, kPathList, kAddressList };
 
 struct Value {
   int64_t i = 0;
@@ -169,6 +169,22 @@ const Setting kSettings[] = {
      [](Config &c, const Value &v) { c.mode = static_cast<int32_t>(v.i); }},
     {"server_address", "CHI_SERVER_ADDRESS", Kind::kAddress, 0, 0, false,
      [](Config &c, const Value &v) { c.server_address = v.s; }},
+    {"disconnect_check_ms", "CHI_DISCONNECT_CHECK_MS", Kind::kInt, 1, 60000, false,
+     [](Config &c, const Value &v) { c.disconnect_check_ms = static_cast<uint32_t>(v.i); }},
+    {"server.listen", "CHI_SERVER_LISTEN", Kind::kAddressList, 0, 0, false,
+     [](Config &c, const Value &v) { c.server.listen = v.list; }},
+    {"server.pollers", "CHI_SERVER_POLLERS", Kind::kInt, 0, 64, false,
+     [](Config &c, const Value &v) { c.server.pollers = static_cast<uint32_t>(v.i); }},
+    {"server.client_slots", "CHI_SERVER_CLIENT_SLOTS", Kind::kInt, 2, 1 << 16, true,
+     [](Config &c, const Value &v) { c.server.client_slots = static_cast<uint32_t>(v.i); }},
+    {"server.max_clients", "CHI_SERVER_MAX_CLIENTS", Kind::kInt, 1, 65536, false,
+     [](Config &c, const Value &v) { c.server.max_clients = static_cast<uint32_t>(v.i); }},
+    {"server.client_max_in_flight", "CHI_SERVER_CLIENT_MAX_IN_FLIGHT", Kind::kInt, 0, 1 << 20, false,
+     [](Config &c, const Value &v) { c.server.client_max_in_flight = static_cast<uint32_t>(v.i); }},
+    {"server.spin_ns", "CHI_SERVER_SPIN_NS", Kind::kInt, 0, 10000000000, false,
+     [](Config &c, const Value &v) { c.server.spin_ns = v.i; }},
+    {"server.shutdown_timeout_ms", "CHI_SERVER_SHUTDOWN_TIMEOUT_MS", Kind::kInt, 0, 3600000, false,
+     [](Config &c, const Value &v) { c.server.shutdown_timeout_ms = static_cast<uint32_t>(v.i); }},
     {"gpu.devices", "CHI_GPU_DEVICES", Kind::kInt, -1, kMaxGpus, false,
      [](Config &c, const Value &v) { c.gpu.devices = static_cast<int32_t>(v.i); }},
     {"gpu.blocks", "CHI_GPU_BLOCKS", Kind::kInt, 1, 1024, false,
@@ -210,6 +226,8 @@ std::string expectation(const Setting &s) {
       return "an address shm://NAME, ipc://PATH or tcp://HOST:PORT";
     case Kind::kPathList:
       return "a list of module paths";
+    case Kind::kAddressList:
+      return "a list of addresses shm://NAME, ipc://PATH or tcp://HOST:PORT";
   }
   return "a value";
 }
@@ -237,6 +255,7 @@ bool parse_scalar(const Setting &s, const std::string &text, bool plain, Value *
       v->s = text;
       return text.empty() || valid_address(text);
     case Kind::kPathList:
+    case Kind::kAddressList:
       return false;
   }
   return false;
@@ -426,19 +445,19 @@ class FileReader {
 
   chi_status_t entry(const Node &key, const Node &value, const std::string &prefix) {
     const std::string name = prefix + key.text;
-    if (prefix.empty() && key.text == "gpu") {
+    if (prefix.empty() && (key.text == "gpu" || key.text == "server")) {
       if (value.is_null()) return CHI_OK;
       if (value.type != Node::kMapping)
-        return fail(value.mark, "gpu: expected a mapping of GPU settings, got " +
-                                    describe(value));
-      return mapping(value, "gpu.");
+        return fail(value.mark, key.text + ": expected a mapping of " + key.text +
+                                    " settings, got " + describe(value));
+      return mapping(value, key.text + ".");
     }
     // A dotted key would otherwise reach "gpu.*" settings from the top level.
     const Setting *s = key.text.find('.') == std::string::npos ? find_setting(name) : nullptr;
     if (!s) return fail(key.mark, "unknown key " + quoted(name));
 
     Value v;
-    if (s->kind == Kind::kPathList) {
+    if (s->kind == Kind::kPathList || s->kind == Kind::kAddressList) {
       chi_status_t st = path_list(*s, value, &v);
       if (st != CHI_OK) return st;
     } else if (s->kind == Kind::kAddress && value.is_null()) {
@@ -457,9 +476,13 @@ class FileReader {
       return fail(value.mark, std::string(s.key) + ": expected " + expectation(s) + ", got " +
                                   describe(value));
     for (const auto &item : value.items) {
-      if (item->type != Node::kScalar || item->is_null() || item->text.empty())
-        return fail(item->mark, std::string(s.key) + ": expected a module path, got " +
-                                    describe(*item));
+      bool address = s.kind == Kind::kAddressList;
+      if (item->type != Node::kScalar || item->is_null() || item->text.empty() ||
+          (address && !valid_address(item->text)))
+        return fail(item->mark, std::string(s.key) + ": expected " +
+                                    (address ? "an address shm://NAME, ipc://PATH or tcp://HOST:PORT"
+                                             : "a module path") +
+                                    ", got " + describe(*item));
       v->list.push_back(item->text);
     }
     return CHI_OK;
@@ -531,6 +554,19 @@ chi_status_t apply_env(Config *out, Origins *origins, std::string *error) {
         if (colon == std::string::npos) colon = text.size();
         if (colon > start) v.list.push_back(text.substr(start, colon - start));
         start = colon + 1;
+      }
+    } else if (s.kind == Kind::kAddressList) {
+      // Addresses hold ':' themselves: the list is comma-separated.
+      size_t start = 0;
+      while (start <= text.size()) {
+        size_t comma = text.find(',', start);
+        if (comma == std::string::npos) comma = text.size();
+        std::string a = text.substr(start, comma - start);
+        if (!a.empty()) {
+          ok = ok && valid_address(a);
+          v.list.push_back(a);
+        }
+        start = comma + 1;
       }
     } else {
       ok = parse_scalar(s, text, true, &v);

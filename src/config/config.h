@@ -24,6 +24,16 @@ struct GpuConfig {
   uint32_t lease_us = 1000;        // orchestrator kernel ends and is relaunched after this, 0 (never)..1000000
 };
 
+struct ServerConfig {
+  std::vector<std::string> listen;   // addresses to serve; empty: this user's default server
+  uint32_t pollers = 0;              // threads polling client rings; 0: 1 per 8 CPUs (1..4), 1..64
+  uint32_t client_slots = 1024;      // task slots (= ring depth) per client, power of two, 2..1<<16
+  uint32_t max_clients = 1024;       // client sessions at once, 1..65536
+  uint32_t client_max_in_flight = 0; // server task slots one client may hold; 0: a quarter of queue_depth
+  int64_t spin_ns = 50000;           // an idle poller spins this long, then sleeps, 0..1e10
+  uint32_t shutdown_timeout_ms = 5000;  // stop: how long running client tasks may finish, 0..3600000
+};
+
 struct Config {
   int32_t mode = CHI_MODE_EMBEDDED;
   std::string server_address;          // client mode only
@@ -35,7 +45,9 @@ struct Config {
   uint32_t submit_timeout_ms = 1000;   // bound of a blocking submit, 0..3600000
   LogLevel log_level = LogLevel::kWarn;
   std::vector<std::string> modules;    // shared objects loaded at start-up
+  uint32_t disconnect_check_ms = 100;  // client: a waiter rechecks the server this often, 1..60000
   GpuConfig gpu;
+  ServerConfig server;
 };
 
 // Builds *out from defaults, then the file (cfg->config_path, else $CHI_CONFIG,

@@ -21,6 +21,7 @@ enum : uint32_t {
   kDone = 2,
   kOrphan = 3,   // released before done: the worker frees it
   kClaimed = 4,  // a waiter or chi_release is taking the result
+  kRemote = 5,   // a client process's task: its result goes to a RemoteSink
   kStateMask = 0x7F,
   kSleeper = 0x80,  // a waiter sleeps on the word: completion must wake it
 };
@@ -61,9 +62,13 @@ struct CpuExecutor::Slot {
   chi_status_t status;
   uint32_t output_size;
   chi_method_t method;
+  int64_t submit_ns;
+  RemoteSink *sink;  // kRemote slots only
+  uint64_t cookie;
 };
 
-CpuExecutor::CpuExecutor(const Config &cfg, const Registry &reg) : cfg_(cfg), reg_(reg) {}
+CpuExecutor::CpuExecutor(const Config &cfg, const Registry &reg, RouteStats &stats)
+    : cfg_(cfg), reg_(reg), stats_(stats) {}
 
 CpuExecutor::~CpuExecutor() {
   shutdown();
@@ -89,7 +94,7 @@ chi_status_t CpuExecutor::start() {
     return set_error(CHI_ERR_NOMEM, "cannot map %zu bytes of task slots", arena_size_);
   }
   arena_ = static_cast<uint8_t *>(mem);
-  for (uint32_t i = 0; i < nslots_; ++i) new (slot_at(i)) Slot{{make_state(0, kFree)}, 0, 0, 0};
+  for (uint32_t i = 0; i < nslots_; ++i) new (slot_at(i)) Slot{{make_state(0, kFree)}, 0, 0, 0, 0, nullptr, 0};
   free_.init(nslots_);
   run_.init(nslots_);
   local_.reset(new RunQueue[cfg_.workers]);
@@ -192,17 +197,50 @@ chi_status_t CpuExecutor::submit(chi_method_t method, const void *input, size_t 
   }
   Slot *s = slot_at(index);
   uint32_t g = (gen_of(s->state.load(std::memory_order_relaxed)) + 1) & kGenMask;
-  s->method = method;
-  if (input_size > RunQueue::kInline) std::memcpy(input_of(index), input, input_size);
+  s->sink = nullptr;
   s->state.store(make_state(g, kPending), std::memory_order_relaxed);
+  stats_.submitted();
+  queue_task(index, method, input, input_size, worker);
+  *slot = index;
+  *gen = g;
+  return CHI_OK;
+}
+
+chi_status_t CpuExecutor::submit_remote(chi_method_t method, const void *input, size_t input_size,
+                                        RemoteSink *sink, uint64_t cookie) {
+  if (input_size > payload_)
+    return set_error(CHI_ERR_TOO_LARGE, "input of %zu bytes over max_inline_payload %zu",
+                     input_size, payload_);
+  uint32_t index;
+  if (!free_.pop(&index)) return set_error(CHI_ERR_AGAIN, "all %u CPU task slots are in use", nslots_);
+  Slot *s = slot_at(index);
+  uint32_t g = (gen_of(s->state.load(std::memory_order_relaxed)) + 1) & kGenMask;
+  s->sink = sink;
+  s->cookie = cookie;
+  // kRemote: no future names this slot, so chi_wait/test/release refuse it.
+  s->state.store(make_state(g, kRemote), std::memory_order_relaxed);
+  queue_task(index, method, input, input_size, on_worker_thread());
+  return CHI_OK;
+}
+
+void CpuExecutor::queue_task(uint32_t index, chi_method_t method, const void *input,
+                             size_t input_size, bool worker) {
+  Slot *s = slot_at(index);
+  s->method = method;
+  s->submit_ns = now_ns();
+  if (input_size > RunQueue::kInline) std::memcpy(input_of(index), input, input_size);
   // Never full: a queue holds at most nslots_ entries.  The push publishes the
   // slot.
   QueuedTask task{index, method, uint32_t(input_size)};
   (worker ? local_[tls_worker] : run_).push(task, input);
   notify_worker();
-  *slot = index;
-  *gen = g;
-  return CHI_OK;
+}
+
+uint32_t CpuExecutor::slots_in_use() const {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < nslots_; ++i)
+    n += state_of(slot_at(i)->state.load(std::memory_order_relaxed)) != kFree;
+  return n;
 }
 
 // Wakes a sleeping worker unless one is already spinning on the queues: a
@@ -222,6 +260,13 @@ void CpuExecutor::run_task(const QueuedTask &task) {
   size_t out_size = 0;
   chi_status_t st = run_cpu_handler(reg_, task.method, CHI_ROUTE_CPU, input_of(index),
                                     task.input_size, output_of(index), payload_, &out_size);
+  if (RemoteSink *sink = s->sink) {
+    s->sink = nullptr;
+    sink->complete(s->cookie, st, output_of(index), out_size);
+    free_slot(index);
+    return;
+  }
+  stats_.finished(st, now_ns() - s->submit_ns);
   s->status = st;
   s->output_size = uint32_t(out_size);
   uint32_t cur = s->state.load(std::memory_order_relaxed);

@@ -12,12 +12,13 @@
 #include "core/free_stack.h"
 #include "core/run_queue.h"
 #include "core/registry.h"
+#include "core/stats.h"
 
 namespace chi {
 
 class CpuExecutor final : public Executor {
  public:
-  CpuExecutor(const Config &cfg, const Registry &reg);
+  CpuExecutor(const Config &cfg, const Registry &reg, RouteStats &stats);
   ~CpuExecutor() override;
   chi_status_t start();
   // Refuses new tasks, runs the queued ones, joins the workers.
@@ -30,6 +31,16 @@ class CpuExecutor final : public Executor {
   chi_status_t test(uint32_t slot, uint32_t gen, int *done) override;
   chi_status_t release(uint32_t slot, uint32_t gen) override;
 
+  // Queues a task whose result goes to sink->complete(cookie, ...) instead of
+  // a future.  Never blocks: CHI_ERR_AGAIN when every slot is in use (the
+  // caller keeps the request and tries later).  Input is copied once, here.
+  chi_status_t submit_remote(chi_method_t method, const void *input, size_t input_size,
+                             RemoteSink *sink, uint64_t cookie);
+  // Slots held now (queued, running, or done and not yet claimed).
+  // A scan of the slot states: for statistics, not for hot paths.
+  uint32_t slots_in_use() const;
+  uint32_t slot_count() const { return nslots_; }
+
   // True on one of this pool's worker threads.
   bool on_worker_thread() const;
 
@@ -39,6 +50,8 @@ class CpuExecutor final : public Executor {
   uint8_t *input_of(uint32_t index) const;
   uint8_t *output_of(uint32_t index) const;
   chi_status_t check(uint32_t slot, uint32_t gen) const;
+  void queue_task(uint32_t index, chi_method_t method, const void *input, size_t input_size,
+                  bool worker);
   bool acquire_slot(uint32_t *index, bool may_block);
   void free_slot(uint32_t index);
   void run_task(const QueuedTask &task);
@@ -50,6 +63,7 @@ class CpuExecutor final : public Executor {
 
   const Config &cfg_;
   const Registry &reg_;
+  RouteStats &stats_;
   uint32_t nslots_;
   size_t payload_;
   size_t slot_stride_;

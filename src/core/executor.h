@@ -37,6 +37,18 @@ inline bool decode_future(chi_future_t f, FutureParts *p) {
   return true;
 }
 
+// Where a task run on behalf of a client process delivers its result (a
+// server session): called once, by the thread that ran the task, with the
+// output still in the executor's slot.
+class RemoteSink {
+ public:
+  virtual void complete(uint64_t cookie, chi_status_t status, const void *output,
+                        size_t output_size) = 0;
+
+ protected:
+  ~RemoteSink() = default;
+};
+
 // Every method of an executor sets the thread's error message (set_error)
 // before it returns a failure of its own; statuses that come from a handler
 // are returned unchanged.

@@ -48,4 +48,20 @@ inline void futex_wake(std::atomic<uint32_t> *word, int count = INT_MAX) {
           nullptr, 0);
 }
 
+// The same on a word in memory shared between processes (MAP_SHARED): the
+// kernel keys these by the page, not by the address space.
+inline void futex_wait_shared(std::atomic<uint32_t> *word, uint32_t expected, int64_t timeout_ns) {
+  timespec ts, *tsp = nullptr;
+  if (timeout_ns >= 0) {
+    ts.tv_sec = timeout_ns / 1000000000;
+    ts.tv_nsec = timeout_ns % 1000000000;
+    tsp = &ts;
+  }
+  syscall(SYS_futex, reinterpret_cast<uint32_t *>(word), FUTEX_WAIT, expected, tsp, nullptr, 0);
+}
+
+inline void futex_wake_shared(std::atomic<uint32_t> *word, int count = INT_MAX) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t *>(word), FUTEX_WAKE, count, nullptr, nullptr, 0);
+}
+
 }  // namespace chi

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <bitset>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -21,6 +22,8 @@ namespace {
 std::mutex g_tags_mu;
 std::bitset<256> g_tags_used;
 uint32_t g_tag_next = uint32_t(getpid());
+
+}  // namespace
 
 uint32_t acquire_tag() {
   std::lock_guard<std::mutex> lock(g_tags_mu);
@@ -40,8 +43,6 @@ void release_tag(uint32_t tag) {
   g_tags_used.reset(tag & 0xFFu);
 }
 
-}  // namespace
-
 Runtime::Runtime(Config cfg) : cfg_(std::move(cfg)), tag_(acquire_tag()) {
   if (cfg_.workers == 0) cfg_.workers = std::max(2u, std::thread::hardware_concurrency());
 }
@@ -54,7 +55,7 @@ Runtime::~Runtime() {
 chi_status_t Runtime::start() {
   set_log_level(cfg_.log_level);
   register_builtins(registry_);
-  cpu_ = std::make_unique<CpuExecutor>(cfg_, registry_);
+  cpu_ = std::make_unique<CpuExecutor>(cfg_, registry_, stats_[CHI_STATS_CPU]);
   if (chi_status_t s = cpu_->start(); s != CHI_OK) return s;
   if (chi_status_t s = create_gpu_system(*this, cfg_, &gpu_); s != CHI_OK) return s;
   log(LogLevel::kInfo, "runtime up: %u workers, %u slots, %u-byte payloads, %d GPU(s)",
@@ -72,6 +73,19 @@ chi_status_t Runtime::shutdown() {
   for (void *m : modules_) dlclose(m);
   modules_.clear();
   return status;
+}
+
+void Runtime::read_stats(chi_stats_t *out) {
+  std::memset(out, 0, sizeof *out);
+  out->struct_size = sizeof *out;
+  for (int r = 0; r < CHI_STATS_ROUTES; ++r) stats_[r].read(&out->routes[r]);
+  out->workers = cfg_.workers;
+  out->clients = clients_.load(std::memory_order_relaxed);
+  out->gpus = gpu_ ? gpu_->count() : 0;
+  if (cpu_) {
+    out->slots_in_use = cpu_->slots_in_use();
+    out->slots_total = cpu_->slot_count();
+  }
 }
 
 Executor *Runtime::pool(uint32_t pool) {

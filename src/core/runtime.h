@@ -12,6 +12,7 @@
 #include "core/gpu_system.h"
 #include "core/memory_regions.h"
 #include "core/registry.h"
+#include "core/stats.h"
 
 namespace chi {
 
@@ -34,6 +35,10 @@ class Runtime {
   CpuExecutor &cpu() { return *cpu_; }
   uint32_t tag() const { return tag_; }
   bool stopping() const { return stopping_.load(std::memory_order_acquire); }
+  RouteStats &stats(int route) { return stats_[route]; }
+  void read_stats(chi_stats_t *out);
+  // Live client sessions of this runtime's servers (chi_stats).
+  std::atomic<uint32_t> &client_count() { return clients_; }
   std::mutex &modules_mutex() { return modules_mu_; }
   std::vector<void *> &modules() { return modules_; }
 
@@ -46,13 +51,29 @@ class Runtime {
   uint32_t tag_;
   std::atomic<bool> stopping_{false};
   std::atomic<uint32_t> next_gpu_{0};
+  std::atomic<uint32_t> clients_{0};
+  RouteStats stats_[CHI_STATS_ROUTES];
   std::mutex modules_mu_;
   std::vector<void *> modules_;
 };
 
 }  // namespace chi
 
+namespace chi {
+class ClientRuntime;
+class Server;
+// Tags of live runtimes (see runtime.cpp): futures carry their runtime's tag.
+uint32_t acquire_tag();
+void release_tag(uint32_t tag);
+}  // namespace chi
+
+// The handle behind chi_runtime_t: an embedded engine, or a client of a
+// server (exactly one of the two is set).
 struct chi_runtime {
   uint64_t magic;
   chi::Runtime *engine;
+  chi::ClientRuntime *client;
+  // Servers started on this runtime (chi_server_start), stopped by chi_finalize.
+  std::mutex servers_mu;
+  std::vector<chi::Server *> servers;
 };

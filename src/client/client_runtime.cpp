@@ -1,0 +1,448 @@
+#include "client/client_runtime.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "api/error.h"
+#include "core/executor.h"
+#include "core/futex.h"
+#include "core/log.h"
+#include "core/runtime.h"
+#include "ipc/channel.h"
+
+namespace chi {
+
+namespace {
+
+// Private slot states.
+enum : uint32_t { kFree = 0, kPending = 1, kOrphan = 2, kClaimed = 3, kMask = 0xFF };
+inline uint32_t word(uint32_t gen, uint32_t st) { return (gen << 8) | st; }
+inline uint32_t gen_of(uint32_t w) { return w >> 8; }
+inline uint32_t st_of(uint32_t w) { return w & kMask; }
+
+constexpr int kConnectTimeoutMs = 5000;
+constexpr int kControlTimeoutMs = 10000;
+constexpr unsigned kPollsPerClockRead = 32;
+
+std::string version_text(uint32_t v) {
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+         std::to_string(v % 100);
+}
+
+}  // namespace
+
+ClientRuntime::~ClientRuntime() {
+  if (local_) local_->shutdown();
+  local_.reset();
+  if (seg_.base) munmap(seg_.base, seg_.layout.size);
+  if (memfd_ >= 0) close(memfd_);
+  if (doorbell_ >= 0) close(doorbell_);
+  if (sock_ >= 0) close(sock_);
+  if (has_tag_) release_tag(tag_);
+}
+
+chi_status_t ClientRuntime::connect(const Config &cfg, std::unique_ptr<ClientRuntime> *out) {
+  std::unique_ptr<ClientRuntime> c(new ClientRuntime());
+  c->cfg_ = cfg;
+  c->tag_ = acquire_tag();
+  c->has_tag_ = true;
+  if (chi_status_t s = c->handshake(cfg.server_address, ipc::kSessionTasks); s != CHI_OK) return s;
+  *out = std::move(c);
+  return CHI_OK;
+}
+
+chi_status_t ClientRuntime::connect_control(const std::string &address,
+                                            std::unique_ptr<ClientRuntime> *out) {
+  std::unique_ptr<ClientRuntime> c(new ClientRuntime());
+  if (chi_status_t s = c->handshake(address, ipc::kSessionControl); s != CHI_OK) return s;
+  *out = std::move(c);
+  return CHI_OK;
+}
+
+chi_status_t ClientRuntime::handshake(const std::string &address, uint32_t kind) {
+  ipc::Endpoint ep;
+  if (chi_status_t s = ipc::resolve_endpoint(address, &ep); s != CHI_OK) return s;
+  address_ = "shm://" + ep.name;
+  sock_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (sock_ < 0) return set_error(CHI_ERR_INTERNAL, "socket: %s", strerror(errno));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, ep.socket_path.c_str(), ep.socket_path.size() + 1);
+  if (::connect(sock_, reinterpret_cast<sockaddr *>(&addr), sizeof addr) != 0)
+    return set_error(CHI_ERR_DISCONNECTED, "no chimaera-server at %s (%s: %s); start one with chimaera-server",
+                     address_.c_str(), ep.socket_path.c_str(), strerror(errno));
+  ipc::Hello hello{ipc::kProtocolVersion, CHI_VERSION_NUMBER, kind, 0};
+  if (!ipc::send_msg(sock_, ipc::Op::kHello, 0, CHI_OK, &hello, sizeof hello))
+    return set_error(CHI_ERR_DISCONNECTED, "%s closed the connection during the handshake", address_.c_str());
+  ipc::MsgHeader h;
+  char buf[1024];
+  int fds[2];
+  chi_status_t rs = ipc::recv_msg(sock_, &h, buf, sizeof buf - 1, kConnectTimeoutMs, fds);
+  memfd_ = fds[0];
+  doorbell_ = fds[1];
+  if (rs == CHI_ERR_TIMEOUT)
+    return set_error(CHI_ERR_DISCONNECTED, "%s did not answer the handshake within %d ms", address_.c_str(),
+                     kConnectTimeoutMs);
+  if (rs != CHI_OK)
+    return set_error(rs == CHI_ERR_PROTOCOL ? CHI_ERR_PROTOCOL : CHI_ERR_DISCONNECTED,
+                     "handshake with %s failed: %s", address_.c_str(), chi_status_string(rs));
+  ipc::Welcome w{};
+  if (h.op != uint16_t(ipc::Op::kWelcome) || h.length < sizeof w)
+    return set_error(CHI_ERR_PROTOCOL, "%s answered the handshake with something else", address_.c_str());
+  std::memcpy(&w, buf, sizeof w);
+  if (h.status != CHI_OK) {
+    buf[h.length] = 0;
+    return set_error(h.status, "%s refused the connection: %s", address_.c_str(), buf + sizeof w);
+  }
+  if (w.protocol != ipc::kProtocolVersion || w.library_version / 100 != CHI_VERSION_NUMBER / 100)
+    return set_error(CHI_ERR_PROTOCOL,
+                     "version mismatch: client library %s protocol %u, server library %s protocol %u",
+                     version_text(CHI_VERSION_NUMBER).c_str(), ipc::kProtocolVersion,
+                     version_text(w.library_version).c_str(), w.protocol);
+  if (kind == ipc::kSessionControl) return CHI_OK;
+  // Check the shape before mapping, so that a broken server cannot make us
+  // read past the mapping.
+  ipc::SegmentLayout l = ipc::segment_layout(w.nslots, w.max_payload);
+  struct stat st;
+  if (memfd_ < 0 || doorbell_ < 0 || w.nslots < 2 || (w.nslots & (w.nslots - 1)) ||
+      w.nslots > (1u << 16) || w.max_payload > (1u << 20) || l.size != w.segment_size ||
+      fstat(memfd_, &st) != 0 || uint64_t(st.st_size) < l.size)
+    return set_error(CHI_ERR_PROTOCOL, "%s sent a malformed session segment", address_.c_str());
+  void *p = mmap(nullptr, l.size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd_, 0);
+  if (p == MAP_FAILED) return set_error(CHI_ERR_NOMEM, "cannot map the session segment: %s", strerror(errno));
+  seg_.base = static_cast<uint8_t *>(p);
+  seg_.layout = l;
+  const ipc::SegmentHeader *sh = seg_.header();
+  if (sh->magic != ipc::kSegmentMagic || sh->protocol != ipc::kProtocolVersion || sh->nslots != w.nslots ||
+      sh->max_payload != w.max_payload)
+    return set_error(CHI_ERR_PROTOCOL, "%s sent a session segment with a bad header", address_.c_str());
+  gpus_ = w.gpus;
+  method_limit_.store(w.method_limit, std::memory_order_relaxed);
+  mine_.reset(new std::atomic<uint32_t>[w.nslots]);
+  for (uint32_t i = 0; i < w.nslots; ++i) mine_[i].store(word(0, kFree), std::memory_order_relaxed);
+  free_.init(w.nslots);
+  for (uint32_t i = w.nslots; i-- > 0;) free_.push(i);
+  log(LogLevel::kInfo, "connected to %s as session %u (%u slots, %u-byte payloads, %d GPU(s))",
+      address_.c_str(), w.session_id, w.nslots, w.max_payload, w.gpus);
+  return CHI_OK;
+}
+
+chi_status_t ClientRuntime::disconnected(const char *where) {
+  gone_.store(true, std::memory_order_release);
+  return set_error(CHI_ERR_DISCONNECTED, "%s: the server %s is gone", where, address_.c_str());
+}
+
+bool ClientRuntime::server_alive() {
+  if (gone_.load(std::memory_order_acquire)) return false;
+  if (seg_.base && seg_.header()->server_state.load(std::memory_order_acquire) == ipc::kGone) {
+    gone_.store(true, std::memory_order_release);
+    return false;
+  }
+  pollfd p{sock_, POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+    gone_.store(true, std::memory_order_release);
+    return false;
+  }
+  return true;
+}
+
+chi_status_t ClientRuntime::control(ipc::Op op, uint16_t flags, const void *payload, uint32_t length,
+                                    void *reply, uint32_t capacity, uint32_t *reply_length) {
+  std::lock_guard<std::mutex> lock(control_mu_);
+  if (gone_.load(std::memory_order_acquire)) return disconnected("request");
+  if (!ipc::send_msg(sock_, op, flags, CHI_OK, payload, length)) return disconnected("request");
+  ipc::MsgHeader h;
+  static thread_local char buf[ipc::kMaxMsgPayload + 1];
+  chi_status_t rs = ipc::recv_msg(sock_, &h, buf, ipc::kMaxMsgPayload, kControlTimeoutMs);
+  if (rs == CHI_ERR_TIMEOUT) {
+    // A late reply would answer the next request: this session is unusable.
+    gone_.store(true, std::memory_order_release);
+    return set_error(CHI_ERR_DISCONNECTED, "%s did not answer within %d ms", address_.c_str(),
+                     kControlTimeoutMs);
+  }
+  if (rs != CHI_OK) return disconnected("request");
+  if (h.status != CHI_OK) {
+    buf[h.length] = 0;
+    return set_error(h.status, "%s", buf);
+  }
+  uint32_t n = std::min(h.length, capacity);
+  if (reply && n) std::memcpy(reply, buf, n);
+  if (reply_length) *reply_length = h.length;
+  return CHI_OK;
+}
+
+chi_status_t ClientRuntime::local(bool create, Runtime **rt) {
+  std::lock_guard<std::mutex> lock(local_mu_);
+  if (!local_ && create) {
+    Config c = cfg_;
+    c.mode = CHI_MODE_EMBEDDED;
+    c.gpu.devices = 0;
+    c.modules.clear();
+    if (c.workers == 0) c.workers = 2;  // a client's own handlers: a small pool
+    auto r = std::make_unique<Runtime>(std::move(c));
+    if (chi_status_t s = r->start(); s != CHI_OK) return s;
+    local_ = std::move(r);
+  }
+  *rt = local_.get();
+  return *rt ? CHI_OK : set_error(CHI_ERR_NOT_FOUND, "this client has no local handlers");
+}
+
+chi_status_t ClientRuntime::lookup(const char *name, chi_method_t *method) {
+  if (Runtime *l = local_if_any()) {
+    chi_method_t id;
+    if (l->registry().lookup(name, &id) == CHI_OK && id > CHI_METHOD_CHECKSUM) {
+      *method = id | kLocalMethodBit;
+      return CHI_OK;
+    }
+  }
+  if (chi_status_t s = check_method_name(name); s != CHI_OK) return s;
+  ipc::MethodReply r{};
+  uint32_t n = 0;
+  if (chi_status_t s = control(ipc::Op::kLookup, 0, name, uint32_t(std::strlen(name)), &r, sizeof r, &n);
+      s != CHI_OK)
+    return s;
+  if (n < sizeof r || r.method == 0 || (r.method & kLocalMethodBit))
+    return set_error(CHI_ERR_PROTOCOL, "%s answered a lookup with a bad method id", address_.c_str());
+  *method = r.method;
+  uint32_t lim = method_limit_.load(std::memory_order_relaxed);
+  while (r.method >= lim && !method_limit_.compare_exchange_weak(lim, r.method + 1)) {
+  }
+  return CHI_OK;
+}
+
+chi_status_t ClientRuntime::register_handler(const char *name, chi_handler_t fn, void *user_data,
+                                             chi_method_t *method) {
+  if (chi_status_t s = check_method_name(name); s != CHI_OK) return s;
+  if (!fn) return set_error(CHI_ERR_INVALID, "handler is NULL");
+  chi_method_t server_id;
+  chi_status_t s = lookup(name, &server_id);
+  if (s == CHI_OK && !(server_id & kLocalMethodBit))
+    return set_error(CHI_ERR_INVALID, "method '%s' is registered in the server %s", name, address_.c_str());
+  if (s != CHI_OK && s != CHI_ERR_NOT_FOUND) return s;
+  Runtime *l;
+  if (chi_status_t ls = local(true, &l); ls != CHI_OK) return ls;
+  chi_method_t id;
+  if (chi_status_t rs = l->registry().add_cpu(name, fn, user_data, &id); rs != CHI_OK) return rs;
+  if (method) *method = id | kLocalMethodBit;
+  return CHI_OK;
+}
+
+chi_status_t ClientRuntime::stats(chi_stats_t *out) {
+  chi_stats_t st;
+  uint32_t n = 0;
+  if (chi_status_t s = control(ipc::Op::kStats, 0, nullptr, 0, &st, sizeof st, &n); s != CHI_OK) return s;
+  if (n < sizeof st) return set_error(CHI_ERR_PROTOCOL, "%s sent short statistics", address_.c_str());
+  size_t keep = std::min(out->struct_size, sizeof st);
+  st.struct_size = out->struct_size;
+  std::memcpy(out, &st, keep);
+  return CHI_OK;
+}
+
+void ClientRuntime::reap_orphans() {
+  if (!orphans_.load(std::memory_order_acquire)) return;
+  for (uint32_t i = 0; i < seg_.layout.nslots; ++i) {
+    uint32_t w = mine_[i].load(std::memory_order_acquire);
+    if (st_of(w) != kOrphan) continue;
+    uint32_t sw = seg_.slot(i)->state.load(std::memory_order_acquire);
+    if (ipc::slot_gen(sw) != gen_of(w) || ipc::slot_state(sw) != ipc::kSlotDone) continue;
+    if (mine_[i].compare_exchange_strong(w, word(gen_of(w), kClaimed), std::memory_order_acq_rel)) {
+      orphans_.fetch_sub(1, std::memory_order_relaxed);
+      free_slot(i);
+    }
+  }
+}
+
+bool ClientRuntime::acquire_slot(uint32_t *slot) {
+  if (free_.pop(slot)) return true;
+  reap_orphans();
+  if (free_.pop(slot)) return true;
+  if (!cfg_.submit_blocking) return false;
+  const int64_t deadline = now_ns() + int64_t(cfg_.submit_timeout_ms) * 1000000;
+  for (;;) {
+    free_waiters_.fetch_add(1, std::memory_order_seq_cst);
+    uint32_t seq = free_seq_.load(std::memory_order_seq_cst);
+    bool got = free_.pop(slot);
+    if (!got) {
+      int64_t left = std::min<int64_t>(deadline - now_ns(), 1000000);  // orphans: re-scan every ms
+      if (left > 0) futex_wait(&free_seq_, seq, left);
+      reap_orphans();
+      got = free_.pop(slot);
+    }
+    free_waiters_.fetch_sub(1, std::memory_order_relaxed);
+    if (got) return true;
+    if (now_ns() >= deadline || !server_alive()) return false;
+  }
+}
+
+void ClientRuntime::free_slot(uint32_t slot) {
+  uint32_t w = mine_[slot].load(std::memory_order_relaxed);
+  mine_[slot].store(word(gen_of(w), kFree), std::memory_order_release);
+  free_.push(slot);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (free_waiters_.load(std::memory_order_relaxed) > 0) {
+    free_seq_.fetch_add(1, std::memory_order_release);
+    futex_wake(&free_seq_, 1);
+  }
+}
+
+chi_status_t ClientRuntime::submit(chi_route_t route, chi_method_t method, const void *input,
+                                   size_t input_size, chi_future_t *future) {
+  uint32_t state = seg_.header()->server_state.load(std::memory_order_acquire);
+  if (gone_.load(std::memory_order_acquire) || state == ipc::kGone) return disconnected("chi_submit");
+  if (state == ipc::kStopping) return set_error(CHI_ERR_SHUTDOWN, "the server %s is stopping", address_.c_str());
+  if (route < CHI_ROUTE_LOCAL) return set_error(CHI_ERR_INVALID, "unknown route %d", route);
+  if (route >= 0 || route == CHI_ROUTE_GPU_ANY) {
+    if (gpus_ == 0)
+      return set_error(CHI_ERR_NO_DEVICE, "route %d needs a GPU and the server %s has none", route,
+                       address_.c_str());
+    if (route >= gpus_)
+      return set_error(CHI_ERR_INVALID, "GPU %d out of range: the server drives %d GPU(s)", route, gpus_);
+  }
+  if (method == 0 || method >= method_limit_.load(std::memory_order_relaxed)) {
+    // Modules may have registered methods since we connected: ask once.
+    ipc::MethodReply r{};
+    uint32_t n = 0;
+    if (method != 0 && control(ipc::Op::kMethodLimit, 0, nullptr, 0, &r, sizeof r, &n) == CHI_OK &&
+        n >= sizeof r && r.method <= ipc::kMaxMsgPayload * 64)
+      method_limit_.store(r.method, std::memory_order_relaxed);
+    if (gone_.load(std::memory_order_acquire)) return disconnected("chi_submit");
+    if (method == 0 || method >= method_limit_.load(std::memory_order_relaxed))
+      return set_error(CHI_ERR_INVALID, "method %u was never registered", method);
+  }
+  if (input_size > seg_.layout.max_payload)
+    return set_error(CHI_ERR_TOO_LARGE, "input of %zu bytes over the server's max_inline_payload %u",
+                     input_size, seg_.layout.max_payload);
+  uint32_t slot;
+  if (!acquire_slot(&slot)) {
+    if (gone_.load(std::memory_order_acquire)) return disconnected("chi_submit");
+    return set_error(CHI_ERR_AGAIN, cfg_.submit_blocking ? "all %u client slots stayed in use for %u ms"
+                                                         : "all %u client slots are in use",
+                     seg_.layout.nslots, cfg_.submit_timeout_ms);
+  }
+  const uint32_t gen = (gen_of(mine_[slot].load(std::memory_order_relaxed)) + 1) & ipc::kSlotGenMask;
+  mine_[slot].store(word(gen, kPending), std::memory_order_relaxed);
+  ipc::SlotHeader *h = seg_.slot(slot);
+  h->method = method;
+  h->route = route;
+  h->input_size = uint32_t(input_size);
+  if (input_size) std::memcpy(seg_.input(slot), input, input_size);
+  h->state.store(ipc::slot_word(gen, ipc::kSlotSubmitted), std::memory_order_relaxed);
+  // Queue the slot (Vyukov producer; the ring never holds more than nslots).
+  ipc::SegmentHeader *sh = seg_.header();
+  const uint32_t mask = seg_.layout.nslots - 1;
+  const uint32_t pos = sh->tail.fetch_add(1, std::memory_order_relaxed);
+  ipc::RingCell &cell = seg_.ring()[pos & mask];
+  for (unsigned spins = 1; cell.seq.load(std::memory_order_acquire) != pos; ++spins) {
+    // The server has taken this cell's previous task but not handed it back yet.
+    cpu_relax();
+    if (spins % 4096 == 0) {
+      if (!server_alive()) return disconnected("chi_submit");
+      sched_yield();
+    }
+  }
+  cell.slot = slot;
+  cell.seq.store(pos + 1, std::memory_order_release);
+  // Ring the doorbell only when the poller sleeps (it arms it first, then
+  // looks at the ring once more: one of us sees the other).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (sh->doorbell_armed.load(std::memory_order_relaxed)) {
+    uint64_t one = 1;
+    ssize_t r = write(doorbell_, &one, sizeof one);
+    (void)r;
+  }
+  *future = encode_future(tag_, kClientPool, gen, slot);
+  return CHI_OK;
+}
+
+chi_status_t ClientRuntime::check(uint32_t slot, uint32_t gen) const {
+  if (slot >= seg_.layout.nslots) return set_error(CHI_ERR_INVALID, "unknown future (slot %u)", slot);
+  uint32_t w = mine_[slot].load(std::memory_order_acquire);
+  if (gen_of(w) != gen || st_of(w) != kPending)
+    return set_error(CHI_ERR_INVALID, "stale future: already waited on, released or unknown");
+  return CHI_OK;
+}
+
+chi_status_t ClientRuntime::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, void *output,
+                                 size_t output_capacity, size_t *output_size) {
+  if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
+  ipc::SlotHeader *h = seg_.slot(slot);
+  const int64_t start = now_ns();
+  const int64_t spin_end = start + cfg_.spin_ns;
+  const int64_t slice = int64_t(cfg_.disconnect_check_ms) * 1000000;
+  const uint32_t done = ipc::slot_word(gen, ipc::kSlotDone);
+  uint32_t w = h->state.load(std::memory_order_acquire);
+  unsigned polls = 0;
+  while ((w & ~ipc::kSlotSleeper) != done) {
+    if (++polls % kPollsPerClockRead != 0) {
+      cpu_relax();
+      w = h->state.load(std::memory_order_acquire);
+      continue;
+    }
+    int64_t now = now_ns();
+    if (timeout_ns >= 0 && now - start >= timeout_ns)
+      return set_error(CHI_ERR_TIMEOUT, "task not finished within %lld ns", (long long)timeout_ns);
+    if (now < spin_end) {
+      w = h->state.load(std::memory_order_acquire);
+      continue;
+    }
+    if (!server_alive()) return disconnected("chi_wait");
+    // Sleep on the segment word in slices, re-checking the server between them.
+    uint32_t want = w | ipc::kSlotSleeper;
+    if (w != want &&
+        !h->state.compare_exchange_strong(w, want, std::memory_order_acq_rel, std::memory_order_acquire))
+      continue;
+    int64_t left = slice;
+    if (timeout_ns >= 0) left = std::min(left, timeout_ns - (now_ns() - start));
+    if (left > 0) futex_wait_shared(&h->state, want, left);
+    w = h->state.load(std::memory_order_acquire);
+  }
+  // Copy the result out before anything else: the segment is shared.
+  const uint32_t size = h->output_size;
+  const chi_status_t status = h->status;
+  if (size > seg_.layout.max_payload)
+    return set_error(CHI_ERR_PROTOCOL, "the server wrote an output of %u bytes into a %u-byte slot", size,
+                     seg_.layout.max_payload);
+  if (output && output_capacity < size) {
+    if (output_size) *output_size = size;
+    return set_error(CHI_ERR_TOO_LARGE, "output of %u bytes does not fit a %zu-byte buffer", size,
+                     output_capacity);
+  }
+  uint32_t mw = word(gen, kPending);
+  if (!mine_[slot].compare_exchange_strong(mw, word(gen, kClaimed), std::memory_order_acq_rel))
+    return set_error(CHI_ERR_INVALID, "stale future: consumed by another thread");
+  if (output && size) std::memcpy(output, seg_.output(slot), size);
+  if (output_size) *output_size = size;
+  free_slot(slot);
+  if (status != CHI_OK) set_error(status, "the server's handler returned %d (%s)", status, chi_status_string(status));
+  return status;
+}
+
+chi_status_t ClientRuntime::test(uint32_t slot, uint32_t gen, int *done) {
+  if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
+  uint32_t w = seg_.slot(slot)->state.load(std::memory_order_acquire);
+  *done = (w & ~ipc::kSlotSleeper) == ipc::slot_word(gen, ipc::kSlotDone);
+  if (!*done && !server_alive()) return disconnected("chi_test");
+  return CHI_OK;
+}
+
+chi_status_t ClientRuntime::release(uint32_t slot, uint32_t gen) {
+  if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
+  uint32_t mw = word(gen, kPending);
+  if (!mine_[slot].compare_exchange_strong(mw, word(gen, kOrphan), std::memory_order_acq_rel))
+    return set_error(CHI_ERR_INVALID, "stale future: already waited on or released");
+  orphans_.fetch_add(1, std::memory_order_relaxed);
+  // Done already (or the server is gone and never will): recycle it now.
+  uint32_t w = seg_.slot(slot)->state.load(std::memory_order_acquire);
+  if ((w & ~ipc::kSlotSleeper) == ipc::slot_word(gen, ipc::kSlotDone)) reap_orphans();
+  return CHI_OK;
+}
+
+}  // namespace chi

@@ -1,0 +1,194 @@
+#include "ipc/channel.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "api/error.h"
+
+namespace chi::ipc {
+
+namespace {
+
+chi_status_t ensure_private_dir(const std::string &dir) {
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    return set_error(CHI_ERR_PERMISSION, "cannot create runtime directory %s: %s", dir.c_str(),
+                     strerror(errno));
+  struct stat st;
+  if (lstat(dir.c_str(), &st) != 0)
+    return set_error(CHI_ERR_PERMISSION, "cannot stat runtime directory %s: %s", dir.c_str(),
+                     strerror(errno));
+  if (!S_ISDIR(st.st_mode))
+    return set_error(CHI_ERR_PERMISSION, "runtime directory %s is not a directory", dir.c_str());
+  if (st.st_uid != geteuid())
+    return set_error(CHI_ERR_PERMISSION, "runtime directory %s belongs to uid %u, not to this user (%u)",
+                     dir.c_str(), unsigned(st.st_uid), unsigned(geteuid()));
+  if (st.st_mode & 077)
+    return set_error(CHI_ERR_PERMISSION, "runtime directory %s has mode %03o: others may enter it (want 0700)",
+                     dir.c_str(), unsigned(st.st_mode & 0777));
+  return CHI_OK;
+}
+
+bool valid_name(const std::string &n) {
+  if (n.empty() || n.size() > 64) return false;
+  for (char c : n)
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+          c == '_' || c == '-'))
+      return false;
+  return n[0] != '.';
+}
+
+bool wait_fd(int fd, short events, int timeout_ms) {
+  pollfd p{fd, events, 0};
+  for (;;) {
+    int r = poll(&p, 1, timeout_ms);
+    if (r > 0) return true;
+    if (r == 0) return false;
+    if (errno != EINTR) return true;  // let the read report the error
+  }
+}
+
+}  // namespace
+
+chi_status_t runtime_dir(std::string *dir) {
+  const char *env = getenv("CHI_RUNTIME_DIR");
+  if (env && *env) {
+    *dir = env;
+    return ensure_private_dir(*dir);
+  }
+  const char *xdg = getenv("XDG_RUNTIME_DIR");
+  struct stat st;
+  if (xdg && *xdg && stat(xdg, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid()) {
+    *dir = std::string(xdg) + "/chimaera";
+  } else {
+    *dir = "/tmp/chimaera-" + std::to_string(unsigned(geteuid()));
+  }
+  return ensure_private_dir(*dir);
+}
+
+chi_status_t resolve_endpoint(const std::string &address, Endpoint *ep) {
+  std::string name = "default";
+  if (!address.empty()) {
+    if (address.compare(0, 6, "shm://") != 0)
+      return set_error(CHI_ERR_INVALID, "address '%s' is not shm://NAME (ipc:// and tcp:// are not served yet)",
+                       address.c_str());
+    name = address.substr(6);
+  }
+  if (!valid_name(name))
+    return set_error(CHI_ERR_INVALID,
+                     "server name '%s': 1..64 characters of letters, digits, '.', '_' and '-', not "
+                     "starting with '.'",
+                     name.c_str());
+  std::string dir;
+  if (chi_status_t s = runtime_dir(&dir); s != CHI_OK) return s;
+  ep->name = name;
+  ep->socket_path = dir + "/" + name + ".sock";
+  ep->lock_path = dir + "/" + name + ".lock";
+  if (ep->socket_path.size() >= sizeof(sockaddr_un{}.sun_path))
+    return set_error(CHI_ERR_INVALID, "socket path %s is longer than a Unix socket allows",
+                     ep->socket_path.c_str());
+  return CHI_OK;
+}
+
+bool send_msg(int sock, Op op, uint16_t flags, int32_t status, const void *payload, uint32_t length,
+              const int *fds, int nfds) {
+  MsgHeader h{kMsgMagic, uint16_t(op), flags, length, status};
+  iovec iov[2] = {{&h, sizeof h}, {const_cast<void *>(payload), length}};
+  msghdr m{};
+  m.msg_iov = iov;
+  m.msg_iovlen = length ? 2 : 1;
+  alignas(cmsghdr) char ctrl[CMSG_SPACE(2 * sizeof(int))];
+  if (nfds > 0 && nfds <= 2) {
+    std::memset(ctrl, 0, sizeof ctrl);
+    m.msg_control = ctrl;
+    m.msg_controllen = CMSG_SPACE(size_t(nfds) * sizeof(int));
+    cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(size_t(nfds) * sizeof(int));
+    std::memcpy(CMSG_DATA(c), fds, size_t(nfds) * sizeof(int));
+  }
+  size_t total = sizeof h + length, sent = 0;
+  while (sent < total) {
+    ssize_t n = sendmsg(sock, &m, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN && wait_fd(sock, POLLOUT, 1000)) continue;
+      return false;
+    }
+    sent += size_t(n);
+    m.msg_control = nullptr;  // the descriptor went with the first bytes
+    m.msg_controllen = 0;
+    // Advance the iovecs past what was sent.
+    size_t skip = size_t(n);
+    while (m.msg_iovlen && skip >= m.msg_iov[0].iov_len) {
+      skip -= m.msg_iov[0].iov_len;
+      ++m.msg_iov;
+      --m.msg_iovlen;
+    }
+    if (m.msg_iovlen) {
+      m.msg_iov[0].iov_base = static_cast<char *>(m.msg_iov[0].iov_base) + skip;
+      m.msg_iov[0].iov_len -= skip;
+    }
+  }
+  return true;
+}
+
+namespace {
+
+// Reads exactly len bytes (collecting up to 2 passed descriptors) within the deadline.
+chi_status_t read_full(int sock, void *buf, size_t len, int timeout_ms, int *fds) {
+  size_t got = 0;
+  while (got < len) {
+    if (!wait_fd(sock, POLLIN, timeout_ms)) return CHI_ERR_TIMEOUT;
+    iovec iov{static_cast<char *>(buf) + got, len - got};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * 4)];
+    m.msg_control = ctrl;
+    m.msg_controllen = sizeof ctrl;
+    ssize_t n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return CHI_ERR_DISCONNECTED;
+    }
+    if (n == 0) return CHI_ERR_DISCONNECTED;
+    for (cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      size_t nfds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < nfds; ++i) {
+        int f;
+        std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+        // Keep descriptors where they are wanted; close anything else.
+        if (fds && fds[0] < 0) fds[0] = f;
+        else if (fds && fds[1] < 0) fds[1] = f;
+        else close(f);
+      }
+    }
+    got += size_t(n);
+  }
+  return CHI_OK;
+}
+
+}  // namespace
+
+chi_status_t recv_msg(int sock, MsgHeader *hdr, void *payload, uint32_t capacity, int timeout_ms,
+                      int *fds) {
+  if (fds) fds[0] = fds[1] = -1;
+  if (chi_status_t s = read_full(sock, hdr, sizeof *hdr, timeout_ms, fds); s != CHI_OK) return s;
+  if (hdr->magic != kMsgMagic || hdr->length > kMaxMsgPayload || hdr->length > capacity)
+    return CHI_ERR_PROTOCOL;
+  if (hdr->length)
+    if (chi_status_t s = read_full(sock, payload, hdr->length, timeout_ms, fds); s != CHI_OK)
+      return s == CHI_ERR_TIMEOUT ? CHI_ERR_PROTOCOL : s;  // a torn message
+  return CHI_OK;
+}
+
+}  // namespace chi::ipc

@@ -1,0 +1,211 @@
+#include "server/session.h"
+
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <mutex>
+
+#include "api/error.h"
+#include "core/futex.h"
+#include "core/log.h"
+#include "core/runtime.h"
+#include "ipc/wire.h"
+
+namespace chi {
+
+namespace {
+std::mutex g_reason_mu;  // kill() may race between a poller and the control thread
+}
+
+Session::Session(uint32_t id, int sock, pid_t pid, uid_t uid, uint32_t kind)
+    : id_(id), sock_(sock), pid_(pid), uid_(uid), kind_(kind) {}
+
+Session::~Session() {
+  if (seg_.base) munmap(seg_.base, seg_.layout.size);
+  if (memfd_ >= 0) close(memfd_);
+  if (doorbell_ >= 0) close(doorbell_);
+  if (sock_ >= 0) close(sock_);
+}
+
+chi_status_t Session::create_segment(uint32_t nslots, uint32_t max_payload) {
+  seg_.layout = ipc::segment_layout(nslots, max_payload);
+  memfd_ = memfd_create("chimaera-session", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (memfd_ < 0) return set_error(CHI_ERR_NOMEM, "memfd_create: %s", strerror(errno));
+  if (ftruncate(memfd_, off_t(seg_.layout.size)) != 0)
+    return set_error(CHI_ERR_NOMEM, "cannot size a %llu-byte segment: %s",
+                     (unsigned long long)seg_.layout.size, strerror(errno));
+  // A client that could shrink the file would make the server fault on its
+  // next access: seal the size.
+  if (fcntl(memfd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+    return set_error(CHI_ERR_INTERNAL, "cannot seal the segment: %s", strerror(errno));
+  void *p = mmap(nullptr, seg_.layout.size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd_, 0);
+  if (p == MAP_FAILED) return set_error(CHI_ERR_NOMEM, "cannot map the segment: %s", strerror(errno));
+  seg_.base = static_cast<uint8_t *>(p);
+  ipc::init_segment(seg_, ipc::kProtocolVersion);
+  doorbell_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (doorbell_ < 0) return set_error(CHI_ERR_INTERNAL, "eventfd: %s", strerror(errno));
+  busy_.reset(new std::atomic<uint8_t>[nslots]);
+  for (uint32_t i = 0; i < nslots; ++i) busy_[i].store(0, std::memory_order_relaxed);
+  taken_ns_.reset(new int64_t[nslots]());
+  return CHI_OK;
+}
+
+void Session::kill(const char *why) {
+  std::lock_guard<std::mutex> lock(g_reason_mu);
+  if (dead_.load(std::memory_order_relaxed)) return;
+  reason_ = why;
+  dead_.store(true, std::memory_order_release);
+}
+
+bool Session::ring_ready() const {
+  return seg_.ring()[head_ & (seg_.layout.nslots - 1)].seq.load(std::memory_order_acquire) ==
+         head_ + 1;
+}
+
+void Session::finish(uint32_t slot, uint32_t gen, chi_status_t status, const void *output,
+                     size_t size) {
+  ipc::SlotHeader *h = seg_.slot(slot);
+  if (size > seg_.layout.max_payload) {  // a handler broke its contract; never overflow
+    status = CHI_ERR_INTERNAL;
+    size = 0;
+  }
+  if (size && output != seg_.output(slot)) std::memcpy(seg_.output(slot), output, size);
+  h->status = status;
+  h->output_size = uint32_t(size);
+  const int64_t taken = taken_ns_[slot];
+  // Free for the poller before the client can see the result and queue the
+  // slot again (else an honest re-queue would look like a violation).
+  busy_[slot].store(0, std::memory_order_release);
+  uint32_t old = h->state.exchange(ipc::slot_word(gen, ipc::kSlotDone), std::memory_order_acq_rel);
+  if (old & ipc::kSlotSleeper) futex_wake_shared(&h->state);
+  if (stats) stats->finished(status, now_ns() - taken);
+  finished_.fetch_add(1, std::memory_order_relaxed);
+  // Last: once in_flight reaches 0 a dead session may be unmapped.
+  in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+void Session::complete(uint64_t cookie, chi_status_t status, const void *output, size_t size) {
+  finish(uint32_t(cookie >> 32), uint32_t(cookie), status, output, size);
+}
+
+void Session::fail_task(uint32_t slot, uint32_t gen, chi_status_t status) {
+  finish(slot, gen, status, nullptr, 0);
+}
+
+unsigned Session::poll(Runtime &rt, unsigned budget, uint32_t max_in_flight, bool refuse) {
+  const uint32_t n = seg_.layout.nslots, mask = n - 1;
+  unsigned taken = 0;
+  char why[160];
+  while (taken < budget && !dead()) {
+    ipc::RingCell &cell = seg_.ring()[head_ & mask];
+    uint32_t seq = cell.seq.load(std::memory_order_acquire);
+    if (seq != head_ + 1) break;  // nothing queued (or a producer mid-write)
+    if (!refuse && in_flight_.load(std::memory_order_relaxed) >= max_in_flight) break;
+    // Copy, then check: the client may rewrite any of these at any time.
+    const uint32_t slot = cell.slot;
+    if (slot >= n) {
+      snprintf(why, sizeof why, "ring cell names slot %u of %u", slot, n);
+      kill(why);
+      break;
+    }
+    if (busy_[slot].load(std::memory_order_acquire)) {
+      snprintf(why, sizeof why, "slot %u queued again while its task runs", slot);
+      kill(why);
+      break;
+    }
+    ipc::SlotHeader *h = seg_.slot(slot);
+    const uint32_t word = h->state.load(std::memory_order_acquire);
+    const uint32_t method = h->method;
+    const int32_t route = h->route;
+    const uint32_t input_size = h->input_size;
+    if (ipc::slot_state(word) != ipc::kSlotSubmitted) {
+      snprintf(why, sizeof why, "slot %u queued in state %u (torn record)", slot,
+               ipc::slot_state(word));
+      kill(why);
+      break;
+    }
+    const uint32_t gen = ipc::slot_gen(word);
+    busy_[slot].store(1, std::memory_order_relaxed);
+    in_flight_.fetch_add(1, std::memory_order_relaxed);
+    taken_ns_[slot] = now_ns();
+    const bool cpu = route == CHI_ROUTE_CPU || route == CHI_ROUTE_LOCAL;
+    const MethodEntry *m = rt.registry().get(method);
+    chi_status_t early = refuse                                    ? CHI_ERR_SHUTDOWN
+                         : input_size > seg_.layout.max_payload ? CHI_ERR_TOO_LARGE
+                         : !m                                     ? CHI_ERR_NOT_FOUND
+                                                                  : CHI_OK;
+    if (early == CHI_OK && cpu) {
+      // One copy of the input, out of the segment into the executor's slot.
+      early = rt.cpu().submit_remote(method, seg_.input(slot), input_size, this,
+                                     (uint64_t(slot) << 32) | gen);
+      if (early == CHI_ERR_AGAIN) {
+        // Every server slot is busy: the task stays queued in the ring and
+        // the other sessions get their turn.
+        busy_[slot].store(0, std::memory_order_relaxed);
+        in_flight_.fetch_sub(1, std::memory_order_relaxed);
+        break;
+      }
+    }
+    // Taken: hand the cell back to the client's producers.
+    cell.seq.store(head_ + n, std::memory_order_release);
+    ++head_;
+    ++taken;
+    submitted_.fetch_add(1, std::memory_order_relaxed);
+    if (stats) stats->submitted();
+    if (early != CHI_OK) {
+      fail_task(slot, gen, early);
+      continue;
+    }
+    if (cpu) continue;
+    Executor *exec = nullptr;
+    uint32_t pool = 0;
+    if (chi_status_t rs = rt.route_executor(route, &exec, &pool); rs != CHI_OK) {
+      fail_task(slot, gen, rs);
+      continue;
+    }
+    uint32_t eslot, egen;
+    chi_status_t s = exec->submit(method, seg_.input(slot), input_size, &eslot, &egen);
+    if (s != CHI_OK) {
+      fail_task(slot, gen, s);
+      continue;
+    }
+    gpu_tasks_.push_back(GpuTask{slot, gen, exec, eslot, egen});
+  }
+  return taken;
+}
+
+bool Session::poll_gpu() {
+  for (size_t i = 0; i < gpu_tasks_.size();) {
+    GpuTask &t = gpu_tasks_[i];
+    int done = 0;
+    if (t.exec->test(t.eslot, t.egen, &done) == CHI_OK && !done) {
+      ++i;
+      continue;
+    }
+    size_t size = 0;
+    chi_status_t s = t.exec->wait(t.eslot, t.egen, 0, seg_.output(t.slot), seg_.layout.max_payload, &size);
+    if (s == CHI_ERR_TIMEOUT) {
+      ++i;
+      continue;
+    }
+    finish(t.slot, t.gen, s, seg_.output(t.slot), s == CHI_ERR_TOO_LARGE ? 0 : size);
+    t = gpu_tasks_.back();
+    gpu_tasks_.pop_back();
+  }
+  return !gpu_tasks_.empty();
+}
+
+void Session::announce_server_state(uint32_t state) {
+  if (!seg_.base) return;
+  seg_.header()->server_state.store(state, std::memory_order_seq_cst);
+  if (state != ipc::kGone) return;
+  for (uint32_t i = 0; i < seg_.layout.nslots; ++i) {
+    ipc::SlotHeader *h = seg_.slot(i);
+    if (h->state.load(std::memory_order_relaxed) & ipc::kSlotSleeper) futex_wake_shared(&h->state);
+  }
+}
+
+}  // namespace chi

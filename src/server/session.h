@@ -1,0 +1,102 @@
+// The server side of one connected client: its socket, its shared segment,
+// and the poller code that takes its tasks.  Everything read from the
+// segment is copied first and checked before use; a record that cannot be a
+// client's honest request ends the session (the reason is logged).
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/executor.h"
+#include "ipc/segment.h"
+
+namespace chi {
+
+class Runtime;
+class RouteStats;
+
+class Session final : public RemoteSink {
+ public:
+  Session(uint32_t id, int sock, pid_t pid, uid_t uid, uint32_t kind);
+  ~Session();
+  Session(const Session &) = delete;
+  Session &operator=(const Session &) = delete;
+
+  // Makes the segment (a sealed memfd) and the doorbell eventfd.
+  chi_status_t create_segment(uint32_t nslots, uint32_t max_payload);
+
+  // Poller: takes up to `budget` queued tasks and hands them to the runtime's
+  // executors, or (refuse) answers them CHI_ERR_SHUTDOWN.  Returns the number
+  // taken; sets dead() with a reason on a protocol violation.
+  unsigned poll(Runtime &rt, unsigned budget, uint32_t max_in_flight, bool refuse);
+  // Poller: collects finished GPU tasks; true while some are still pending.
+  bool poll_gpu();
+  bool ring_ready() const;
+  void arm_doorbell(bool on) {
+    seg_.header()->doorbell_armed.store(on ? 1 : 0, std::memory_order_relaxed);
+  }
+
+  // RemoteSink: a CPU worker finished one of this session's tasks.
+  void complete(uint64_t cookie, chi_status_t status, const void *output, size_t size) override;
+
+  // Stop: the segment says the server is gone and sleeping waiters wake.
+  void announce_server_state(uint32_t state);
+
+  bool dead() const { return dead_.load(std::memory_order_acquire); }
+  void kill(const char *why);
+  const std::string &reason() const { return reason_; }
+  uint32_t in_flight() const { return in_flight_.load(std::memory_order_acquire); }
+
+  uint32_t id() const { return id_; }
+  int sock() const { return sock_; }
+  int doorbell() const { return doorbell_; }
+  int segment_fd() const { return memfd_; }
+  pid_t pid() const { return pid_; }
+  uid_t uid() const { return uid_; }
+  uint32_t kind() const { return kind_; }
+  uint64_t submitted() const { return submitted_.load(std::memory_order_relaxed); }
+  uint64_t finished() const { return finished_.load(std::memory_order_relaxed); }
+  const ipc::SegmentLayout &layout() const { return seg_.layout; }
+
+  // Bookkeeping of the server (control thread).
+  uint32_t poller = 0;
+  uint64_t removed_epoch = 0;
+  bool detached = false;
+  RouteStats *stats = nullptr;
+
+ private:
+  void finish(uint32_t slot, uint32_t gen, chi_status_t status, const void *output, size_t size);
+  void fail_task(uint32_t slot, uint32_t gen, chi_status_t status);
+
+  struct GpuTask {
+    uint32_t slot, gen;
+    Executor *exec;
+    uint32_t eslot, egen;
+  };
+
+  const uint32_t id_;
+  const int sock_;
+  const pid_t pid_;
+  const uid_t uid_;
+  const uint32_t kind_;
+  int memfd_ = -1;
+  int doorbell_ = -1;
+  ipc::SegmentView seg_;
+  uint32_t head_ = 0;  // next ring position to consume (poller only)
+  // Per slot, server-private: 1 while the task is with the server, and when
+  // it was taken (latency statistics).
+  std::unique_ptr<std::atomic<uint8_t>[]> busy_;
+  std::unique_ptr<int64_t[]> taken_ns_;
+  std::vector<GpuTask> gpu_tasks_;  // poller only
+  std::atomic<uint32_t> in_flight_{0};
+  std::atomic<uint64_t> submitted_{0}, finished_{0};
+  std::atomic<bool> dead_{false};
+  std::string reason_;
+};
+
+}  // namespace chi
