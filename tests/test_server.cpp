@@ -1,0 +1,697 @@
+/*
+ * chimaera-server and client mode over shared memory: round trips from many
+ * threads, one server per address, stale endpoints, version skew, client
+ * SIGKILL loops, server death and graceful stop, and garbage written into
+ * a session's segment by a hostile client.  Servers run in this process
+ * (chi_server_start) or in a child that re-executes this program
+ * ("child-server NAME"), so that a test can kill them.
+ */
+// C++ headers first: cmocka's macros would break them.
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ipc/segment.h"
+#include "ipc/wire.h"
+
+extern "C" {
+#include "common.h"
+}
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+
+namespace {
+
+std::string g_self;  // this program, for children
+std::string g_dir;   // private runtime directory
+
+int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+std::string unique_name(const char *what) {
+  static int n = 0;
+  return std::string("shm://") + what + "-" + std::to_string(getpid()) + "-" + std::to_string(++n);
+}
+
+std::string socket_path(const std::string &address) { return g_dir + "/" + address.substr(6) + ".sock"; }
+
+// A handler that sleeps for the number of microseconds in its input.
+chi_status_t sleep_handler(chi_request_t *req, void *) {
+  uint64_t us = 0;
+  if (req->input_size >= sizeof us) memcpy(&us, req->input, sizeof us);
+  usleep(useconds_t(us));
+  req->output_size = 0;
+  return CHI_OK;
+}
+
+struct ServerFixture {
+  chi_runtime_t *rt = nullptr;
+  chi_server_t *srv = nullptr;
+  std::string address;
+  chi_method_t sleep_method = 0;
+};
+
+ServerFixture start_server(const char *yaml = nullptr) {
+  ServerFixture f;
+  f.address = unique_name("t");
+  f.rt = yaml ? chi_test_init_yaml(2, yaml) : chi_test_init(2, nullptr);
+  assert_status(CHI_OK, chi_register_handler(f.rt, "test.sleep", sleep_handler, nullptr, &f.sleep_method));
+  assert_status(CHI_OK, chi_server_start(f.rt, f.address.c_str(), &f.srv));
+  return f;
+}
+
+chi_runtime_t *connect_client(const std::string &address) {
+  chi_config_t cfg;
+  chi_config_init(&cfg);
+  cfg.mode = CHI_MODE_CLIENT;
+  cfg.server_address = address.c_str();
+  chi_runtime_t *rt = nullptr;
+  assert_status(CHI_OK, chi_init(&cfg, &rt));
+  return rt;
+}
+
+chi_stats_t stats_of(chi_runtime_t *rt) {
+  chi_stats_t st;
+  st.struct_size = sizeof st;
+  assert_status(CHI_OK, chi_stats(rt, &st));
+  return st;
+}
+
+// Waits (in steps) until the server has no client and no client task left.
+bool settle(chi_runtime_t *server, uint32_t clients) {
+  for (int i = 0; i < 3000; ++i) {
+    chi_stats_t st = stats_of(server);
+    if (st.clients == clients && st.routes[CHI_STATS_CLIENT].in_flight == 0 && st.slots_in_use == 0)
+      return true;
+    usleep(10000);
+  }
+  return false;
+}
+
+int count_fds() {
+  int n = 0;
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  while (readdir(d)) ++n;
+  closedir(d);
+  return n;
+}
+
+long rss_kb() {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  long kb = -1;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "VmRSS: %ld", &kb) == 1) break;
+  fclose(f);
+  return kb;
+}
+
+pid_t spawn(const std::vector<std::string> &args) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char *> argv;
+    for (const std::string &a : args) argv.push_back(const_cast<char *>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  assert_true(pid > 0);
+  return pid;
+}
+
+void await_socket(const std::string &address, pid_t child) {
+  struct stat st;
+  for (int i = 0; i < 3000 && stat(socket_path(address).c_str(), &st) != 0; ++i) {
+    int status;
+    if (child > 0 && waitpid(child, &status, WNOHANG) == child) fail_msg("the server child exited early");
+    usleep(10000);
+  }
+  // The socket exists before the server listens on it: ping until it answers.
+  for (int i = 0; i < 3000; ++i) {
+    if (chi_server_query(address.c_str(), "ping", nullptr, 0, nullptr) == CHI_OK) return;
+    usleep(10000);
+  }
+  fail_msg("server %s never answered", address.c_str());
+}
+
+uint64_t add(chi_runtime_t *rt, uint64_t a, uint64_t b) {
+  uint64_t in[2] = {a, b}, out = 0;
+  chi_future_t f;
+  size_t n = 0;
+  assert_status(CHI_OK, chi_submit(rt, CHI_ROUTE_CPU, CHI_METHOD_ADD, in, sizeof in, &f));
+  assert_status(CHI_OK, chi_wait(rt, f, -1, &out, sizeof out, &n));
+  assert_int_equal(n, sizeof out);
+  return out;
+}
+
+// Raw session for a hostile client: the socket and the mapped segment.
+struct RawSession {
+  int sock = -1;
+  int memfd = -1;
+  int doorbell = -1;
+  chi::ipc::SegmentView seg;
+  chi::ipc::Welcome w{};
+};
+
+int raw_connect(const std::string &address) {
+  int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::string p = socket_path(address);
+  memcpy(a.sun_path, p.c_str(), p.size() + 1);
+  assert_int_equal(connect(s, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
+  return s;
+}
+
+void raw_send(int s, chi::ipc::Op op, const void *payload, uint32_t len) {
+  chi::ipc::MsgHeader h{chi::ipc::kMsgMagic, uint16_t(op), 0, len, 0};
+  assert_int_equal(send(s, &h, sizeof h, MSG_NOSIGNAL), sizeof h);
+  if (len) assert_int_equal(send(s, payload, len, MSG_NOSIGNAL), len);
+}
+
+// Receives one reply header and payload (blocking); returns false on EOF.
+bool raw_recv(int s, chi::ipc::MsgHeader *h, std::string *body, int *fds = nullptr) {
+  char ctrl[CMSG_SPACE(2 * sizeof(int))];
+  iovec iov{h, sizeof *h};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = ctrl;
+  m.msg_controllen = sizeof ctrl;
+  ssize_t n = recvmsg(s, &m, MSG_WAITALL);
+  if (n != ssize_t(sizeof *h)) return false;
+  if (fds) {
+    cmsghdr *c = CMSG_FIRSTHDR(&m);
+    if (c && c->cmsg_type == SCM_RIGHTS) memcpy(fds, CMSG_DATA(c), 2 * sizeof(int));
+  }
+  body->assign(h->length, '\0');
+  return h->length == 0 || recv(s, body->data(), h->length, MSG_WAITALL) == ssize_t(h->length);
+}
+
+RawSession raw_session(const std::string &address) {
+  RawSession r;
+  r.sock = raw_connect(address);
+  chi::ipc::Hello hello{chi::ipc::kProtocolVersion, chi_version(), chi::ipc::kSessionTasks, 0};
+  raw_send(r.sock, chi::ipc::Op::kHello, &hello, sizeof hello);
+  chi::ipc::MsgHeader h;
+  std::string body;
+  int fds[2] = {-1, -1};
+  assert_true(raw_recv(r.sock, &h, &body, fds));
+  assert_int_equal(h.status, CHI_OK);
+  memcpy(&r.w, body.data(), sizeof r.w);
+  r.memfd = fds[0];
+  r.doorbell = fds[1];
+  r.seg.layout = chi::ipc::segment_layout(r.w.nslots, r.w.max_payload);
+  void *p = mmap(nullptr, r.seg.layout.size, PROT_READ | PROT_WRITE, MAP_SHARED, r.memfd, 0);
+  assert_true(p != MAP_FAILED);
+  r.seg.base = static_cast<uint8_t *>(p);
+  return r;
+}
+
+void raw_close(RawSession &r) {
+  munmap(r.seg.base, r.seg.layout.size);
+  close(r.memfd);
+  close(r.doorbell);
+  close(r.sock);
+}
+
+// Queues slot `slot` as a hostile client would, and rings the doorbell.
+void raw_queue(RawSession &r, uint32_t slot_in_cell) {
+  chi::ipc::SegmentHeader *h = r.seg.header();
+  uint32_t pos = h->tail.fetch_add(1);
+  chi::ipc::RingCell &c = r.seg.ring()[pos & (r.w.nslots - 1)];
+  c.slot = slot_in_cell;
+  c.seq.store(pos + 1, std::memory_order_release);
+  uint64_t one = 1;
+  ssize_t n = write(r.doorbell, &one, sizeof one);
+  (void)n;
+}
+
+// Waits until the server answers slot i (generation gen); returns its status.
+int32_t raw_result(RawSession &r, uint32_t i, uint32_t gen) {
+  for (int k = 0; k < 100000; ++k) {
+    uint32_t w = r.seg.slot(i)->state.load(std::memory_order_acquire);
+    if (chi::ipc::slot_gen(w) == gen && chi::ipc::slot_state(w) == chi::ipc::kSlotDone)
+      return r.seg.slot(i)->status;
+    usleep(100);
+  }
+  fail_msg("no answer for slot %u", i);
+  return 0;
+}
+
+bool raw_cut_off(RawSession &r) {
+  chi::ipc::MsgHeader h;
+  std::string body;
+  timeval tv{10, 0};
+  setsockopt(r.sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return !raw_recv(r.sock, &h, &body);
+}
+
+/* ------------------------------------------------------------------ tests */
+
+void test_round_trips_from_threads(void **) {
+  ServerFixture f = start_server();
+  chi_runtime_t *c = connect_client(f.address);
+  const long per_thread = chi_test_scaled(2000);
+  std::atomic<long> bad{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (long i = 0; i < per_thread; ++i) {
+        uint64_t in[2] = {uint64_t(t) << 32, uint64_t(i)}, out = 0;
+        chi_future_t fu;
+        size_t n;
+        if (chi_submit(c, CHI_ROUTE_CPU, CHI_METHOD_ADD, in, sizeof in, &fu) != CHI_OK ||
+            chi_wait(c, fu, -1, &out, sizeof out, &n) != CHI_OK || out != in[0] + in[1])
+          ++bad;
+      }
+    });
+  for (auto &t : threads) t.join();
+  assert_int_equal(bad.load(), 0);
+  // Echo of the largest payload, and a too-large one.
+  std::vector<uint8_t> big(4096), back(4096);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = uint8_t(i * 7);
+  chi_future_t fu;
+  size_t n = 0;
+  assert_status(CHI_OK, chi_submit(c, CHI_ROUTE_CPU, CHI_METHOD_ECHO, big.data(), big.size(), &fu));
+  assert_status(CHI_ERR_TOO_LARGE, chi_wait(c, fu, -1, back.data(), 16, &n));
+  assert_int_equal(n, 4096);
+  assert_status(CHI_OK, chi_wait(c, fu, -1, back.data(), back.size(), &n));
+  assert_memory_equal(big.data(), back.data(), 4096);
+  std::vector<uint8_t> huge(4097);
+  assert_status(CHI_ERR_TOO_LARGE, chi_submit(c, CHI_ROUTE_CPU, CHI_METHOD_ECHO, huge.data(), huge.size(), &fu));
+  // Futures: stale, forged, released.
+  assert_status(CHI_ERR_INVALID, chi_wait(c, fu, 0, nullptr, 0, nullptr));
+  assert_status(CHI_ERR_INVALID, chi_wait(c, 0x1234567, 0, nullptr, 0, nullptr));
+  assert_status(CHI_OK, chi_submit(c, CHI_ROUTE_CPU, CHI_METHOD_ECHO, "x", 1, &fu));
+  assert_status(CHI_OK, chi_release(c, fu));
+  assert_status(CHI_ERR_INVALID, chi_wait(c, fu, 0, nullptr, 0, nullptr));
+  // Methods: the server's by name; unknown ids and names.
+  chi_method_t m;
+  assert_status(CHI_OK, chi_method_lookup(c, "test.sleep", &m));
+  assert_int_equal(m, f.sleep_method);
+  assert_status(CHI_ERR_NOT_FOUND, chi_method_lookup(c, "no.such.method", &m));
+  assert_status(CHI_ERR_INVALID, chi_submit(c, CHI_ROUTE_CPU, 4000, "x", 1, &fu));
+  // Routes: GPU routes answer as the server can (no GPU in this server).
+  assert_status(CHI_ERR_NO_DEVICE, chi_submit(c, CHI_ROUTE_GPU_ANY, CHI_METHOD_ECHO, "x", 1, &fu));
+  // A handler registered in the client runs in the client.
+  chi_method_t local;
+  assert_status(CHI_OK, chi_register_handler(c, "client.sleep", sleep_handler, nullptr, &local));
+  uint64_t us = 10;
+  assert_status(CHI_OK, chi_submit(c, CHI_ROUTE_CPU, local, &us, sizeof us, &fu));
+  assert_status(CHI_OK, chi_wait(c, fu, -1, nullptr, 0, nullptr));
+  assert_status(CHI_ERR_INVALID, chi_register_handler(c, "test.sleep", sleep_handler, nullptr, &local));
+  // Statistics on both sides agree.
+  chi_stats_t cs = stats_of(c), ss = stats_of(f.rt);
+  assert_int_equal(cs.clients, 1);
+  assert_true(ss.routes[CHI_STATS_CLIENT].completed >= uint64_t(4 * per_thread));
+  assert_true(ss.routes[CHI_STATS_CLIENT].latency_p50_ns > 0);
+  assert_status(CHI_OK, chi_finalize(c));
+  assert_true(settle(f.rt, 0));
+  assert_status(CHI_OK, chi_finalize(f.rt));
+}
+
+void test_one_server_per_address(void **) {
+  ServerFixture f = start_server();
+  chi_runtime_t *rt2 = chi_test_init(1, nullptr);
+  chi_server_t *srv2 = nullptr;
+  assert_status(CHI_ERR_AGAIN, chi_server_start(rt2, f.address.c_str(), &srv2));
+  assert_non_null(strstr(chi_last_error_message(), "already serves"));
+  assert_status(CHI_ERR_INVALID, chi_server_start(rt2, "shm://bad/name", &srv2));
+  assert_status(CHI_ERR_INVALID, chi_server_start(rt2, "tcp://", &srv2));
+  // The first server still works, and after it stops the address is free.
+  chi_runtime_t *c = connect_client(f.address);
+  assert_int_equal(add(c, 1, 2), 3);
+  assert_status(CHI_OK, chi_finalize(c));
+  assert_status(CHI_OK, chi_finalize(f.rt));
+  struct stat st;
+  assert_int_not_equal(stat(socket_path(f.address).c_str(), &st), 0);
+  assert_status(CHI_OK, chi_server_start(rt2, f.address.c_str(), &srv2));
+  assert_status(CHI_OK, chi_finalize(rt2));
+  // No client without a server.
+  chi_config_t cfg;
+  chi_config_init(&cfg);
+  cfg.mode = CHI_MODE_CLIENT;
+  cfg.server_address = f.address.c_str();
+  chi_runtime_t *none = nullptr;
+  assert_status(CHI_ERR_DISCONNECTED, chi_init(&cfg, &none));
+  assert_null(none);
+  assert_has_message();
+}
+
+void test_stale_endpoint_taken_over(void **) {
+  std::string address = unique_name("stale");
+  pid_t child = spawn({g_self, "child-server", address});
+  await_socket(address, child);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  struct stat st;
+  assert_int_equal(stat(socket_path(address).c_str(), &st), 0);  // left behind
+  chi_runtime_t *rt = chi_test_init(1, nullptr);
+  chi_server_t *srv;
+  assert_status(CHI_OK, chi_server_start(rt, address.c_str(), &srv));
+  chi_runtime_t *c = connect_client(address);
+  assert_int_equal(add(c, 20, 22), 42);
+  assert_status(CHI_OK, chi_finalize(c));
+  assert_status(CHI_OK, chi_finalize(rt));
+}
+
+void test_version_mismatch(void **) {
+  ServerFixture f = start_server();
+  int s = raw_connect(f.address);
+  chi::ipc::Hello hello{chi::ipc::kProtocolVersion + 7, 9900, chi::ipc::kSessionTasks, 0};
+  raw_send(s, chi::ipc::Op::kHello, &hello, sizeof hello);
+  chi::ipc::MsgHeader h;
+  std::string body;
+  assert_true(raw_recv(s, &h, &body));
+  assert_int_equal(h.status, CHI_ERR_PROTOCOL);
+  std::string msg = body.substr(sizeof(chi::ipc::Welcome));
+  assert_true(msg.find("0.99.0") != std::string::npos);  // the client's version
+  assert_true(msg.find(chi_version_string()) != std::string::npos);  // the server's
+  close(s);
+  // Garbage instead of a hello: refused, the server stays up.
+  s = raw_connect(f.address);
+  assert_int_equal(send(s, "GET / HTTP/1.0\r\n\r\n", 18, MSG_NOSIGNAL), 18);
+  close(s);
+  chi_runtime_t *c = connect_client(f.address);
+  assert_int_equal(add(c, 2, 2), 4);
+  assert_status(CHI_OK, chi_finalize(c));
+  assert_status(CHI_OK, chi_finalize(f.rt));
+}
+
+void test_max_clients(void **) {
+  ServerFixture f = start_server("server:\n  max_clients: 2\n");
+  chi_runtime_t *a = connect_client(f.address), *b = connect_client(f.address);
+  chi_config_t cfg;
+  chi_config_init(&cfg);
+  cfg.mode = CHI_MODE_CLIENT;
+  cfg.server_address = f.address.c_str();
+  chi_runtime_t *third = nullptr;
+  assert_status(CHI_ERR_AGAIN, chi_init(&cfg, &third));
+  assert_non_null(strstr(chi_last_error_message(), "server.max_clients"));
+  assert_status(CHI_OK, chi_finalize(a));
+  assert_true(settle(f.rt, 1));
+  assert_status(CHI_OK, chi_init(&cfg, &third));
+  assert_status(CHI_OK, chi_finalize(third));
+  assert_status(CHI_OK, chi_finalize(b));
+  assert_status(CHI_OK, chi_finalize(f.rt));
+}
+
+// Children connect, queue a window of slow tasks and are SIGKILLed mid-flight.
+void test_client_kill_loop(void **) {
+  ServerFixture f = start_server();
+  assert_true(settle(f.rt, 0));
+  const int fds_before = count_fds();
+  const long rss_before = rss_kb();
+  const long kills = chi_test_scaled(100);
+  for (long i = 0; i < kills; ++i) {
+    int pipefd[2];
+    assert_int_equal(pipe(pipefd), 0);
+    pid_t child = spawn({g_self, "child-client", f.address, std::to_string(pipefd[1])});
+    close(pipefd[1]);
+    char ready;
+    assert_int_equal(read(pipefd[0], &ready, 1), 1);  // its tasks are queued
+    close(pipefd[0]);
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+  }
+  assert_true(settle(f.rt, 0));
+  // Dead sessions are freed by the server's control thread on its next turn.
+  for (int i = 0; i < 1000 && count_fds() != fds_before; ++i) usleep(10000);
+  chi_stats_t st = stats_of(f.rt);
+  const int fds_after = count_fds();
+  const long rss_after = rss_kb();
+  print_message("  %ld clients killed mid-flight: client tasks submitted %llu, finished %llu, in flight %llu; "
+                "slots in use %llu; fds %d -> %d; RSS %ld -> %ld kB\n",
+                kills, (unsigned long long)st.routes[CHI_STATS_CLIENT].submitted,
+                (unsigned long long)(st.routes[CHI_STATS_CLIENT].completed + st.routes[CHI_STATS_CLIENT].failed),
+                (unsigned long long)st.routes[CHI_STATS_CLIENT].in_flight,
+                (unsigned long long)st.slots_in_use, fds_before, fds_after, rss_before, rss_after);
+  assert_int_equal(st.clients, 0);
+  assert_int_equal(st.slots_in_use, 0);
+  assert_int_equal(st.routes[CHI_STATS_CLIENT].in_flight, 0);
+  assert_int_equal(fds_after, fds_before);
+  // Each dead session's segment is unmapped: RSS may grow by allocator
+  // noise, never by a segment per kill (1024 slots of 8 KiB each).
+  assert_true(rss_after - rss_before < 32 * 1024);
+  // The server still serves.
+  chi_runtime_t *c = connect_client(f.address);
+  assert_int_equal(add(c, 5, 6), 11);
+  assert_status(CHI_OK, chi_finalize(c));
+  assert_status(CHI_OK, chi_finalize(f.rt));
+}
+
+void test_server_killed(void **) {
+  std::string address = unique_name("killed");
+  pid_t child = spawn({g_self, "child-server", address});
+  await_socket(address, child);
+  chi_runtime_t *c = connect_client(address);
+  assert_int_equal(add(c, 1, 1), 2);
+  chi_method_t slow;
+  assert_status(CHI_OK, chi_method_lookup(c, "test.sleep", &slow));
+  uint64_t us = 30 * 1000000;  // longer than the test
+  chi_future_t pending[4];
+  for (auto &p : pending) assert_status(CHI_OK, chi_submit(c, CHI_ROUTE_CPU, slow, &us, sizeof us, &p));
+  usleep(50000);
+  kill(child, SIGKILL);
+  int64_t t0 = now_ns();
+  assert_status(CHI_ERR_DISCONNECTED, chi_wait(c, pending[0], -1, nullptr, 0, nullptr));
+  int64_t t1 = now_ns();
+  waitpid(child, nullptr, 0);
+  print_message("  server SIGKILLed: a pending chi_wait returned CHI_ERR_DISCONNECTED after %.1f ms\n",
+                double(t1 - t0) / 1e6);
+  for (int i = 1; i < 4; ++i)
+    assert_status(CHI_ERR_DISCONNECTED, chi_wait(c, pending[i], -1, nullptr, 0, nullptr));
+  chi_future_t fu;
+  assert_status(CHI_ERR_DISCONNECTED, chi_submit(c, CHI_ROUTE_CPU, CHI_METHOD_ADD, "0123456789abcdef", 16, &fu));
+  chi_method_t m;
+  assert_status(CHI_ERR_DISCONNECTED, chi_method_lookup(c, "chi.add", &m));
+  assert_status(CHI_OK, chi_finalize(c));
+  // A restarted server takes clients back: they connect again (chi_init).
+  child = spawn({g_self, "child-server", address});
+  await_socket(address, child);
+  c = connect_client(address);
+  assert_int_equal(add(c, 3, 4), 7);
+  assert_status(CHI_OK, chi_finalize(c));
+  kill(child, SIGTERM);
+  int status = 0;
+  waitpid(child, &status, 0);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+void test_graceful_stop(void **) {
+  // One task in flight per client: the second waits in the ring, unstarted.
+  ServerFixture f = start_server("server:\n  client_max_in_flight: 1\n");
+  chi_runtime_t *c = connect_client(f.address);
+  uint64_t us = 200000;
+  chi_future_t running, queued;
+  assert_status(CHI_OK, chi_submit(c, CHI_ROUTE_CPU, f.sleep_method, &us, sizeof us, &running));
+  assert_status(CHI_OK, chi_submit(c, CHI_ROUTE_CPU, f.sleep_method, &us, sizeof us, &queued));
+  usleep(50000);
+  std::thread stopper([&] { assert_status(CHI_OK, chi_server_stop(f.srv, 5000)); });
+  assert_status(CHI_OK, chi_wait(c, running, -1, nullptr, 0, nullptr));  // finished within the bound
+  chi_status_t q = chi_wait(c, queued, -1, nullptr, 0, nullptr);
+  assert_true(q == CHI_ERR_SHUTDOWN || q == CHI_ERR_DISCONNECTED);
+  stopper.join();
+  chi_future_t fu;
+  assert_status(CHI_ERR_DISCONNECTED, chi_submit(c, CHI_ROUTE_CPU, CHI_METHOD_ECHO, "x", 1, &fu));
+  struct stat st;
+  assert_int_not_equal(stat(socket_path(f.address).c_str(), &st), 0);  // files removed
+  assert_status(CHI_OK, chi_finalize(c));
+  assert_status(CHI_OK, chi_finalize(f.rt));
+}
+
+void test_garbage_in_segment(void **) {
+  ServerFixture f = start_server();
+  // An honest client runs beside the hostile ones all along.
+  chi_runtime_t *honest = connect_client(f.address);
+  std::atomic<bool> done{false};
+  std::atomic<long> bad{0}, good{0};
+  std::thread t([&] {
+    uint64_t i = 0;
+    while (!done.load()) {
+      uint64_t in[2] = {i, 3 * i}, out = 0;
+      chi_future_t fu;
+      if (chi_submit(honest, CHI_ROUTE_CPU, CHI_METHOD_ADD, in, sizeof in, &fu) != CHI_OK ||
+          chi_wait(honest, fu, -1, &out, sizeof out, nullptr) != CHI_OK || out != 4 * i)
+        ++bad;
+      else
+        ++good;
+      ++i;
+    }
+  });
+  // Bad requests in well-formed records: statuses, not cut-offs.
+  RawSession r = raw_session(f.address);
+  struct Case {
+    uint32_t method;
+    int32_t route;
+    uint32_t size;
+    int32_t want;
+  } cases[] = {
+      {999999, CHI_ROUTE_CPU, 8, CHI_ERR_NOT_FOUND},
+      {0, CHI_ROUTE_CPU, 8, CHI_ERR_NOT_FOUND},
+      {CHI_METHOD_ECHO, CHI_ROUTE_CPU, 0xFFFFFFF0u, CHI_ERR_TOO_LARGE},
+      {CHI_METHOD_ECHO, -77, 8, CHI_ERR_INVALID},
+      {CHI_METHOD_ECHO, 5, 8, CHI_ERR_NO_DEVICE},
+      {CHI_METHOD_ECHO, CHI_ROUTE_CPU, 8, CHI_OK},
+  };
+  uint32_t slot = 0;
+  for (const Case &k : cases) {
+    chi::ipc::SlotHeader *h = r.seg.slot(slot);
+    h->method = k.method;
+    h->route = k.route;
+    h->input_size = k.size;
+    h->state.store(chi::ipc::slot_word(slot + 1, chi::ipc::kSlotSubmitted));
+    raw_queue(r, slot);
+    assert_int_equal(raw_result(r, slot, slot + 1), k.want);
+    ++slot;
+  }
+  // Records no honest client writes: each ends that session, only that one.
+  enum Bad { kSlotOutOfRange, kTorn, kTwice, kRandom };
+  uint64_t seed = 0x9e3779b97f4a7c15ull;
+  const long rounds = chi_test_scaled(40);
+  for (long i = 0; i < rounds; ++i) {
+    RawSession h = raw_session(f.address);
+    Bad kind = Bad(i % 4);
+    if (kind == kSlotOutOfRange) {
+      raw_queue(h, h.w.nslots + uint32_t(chi_test_rand(&seed) % 100000));
+    } else if (kind == kTorn) {
+      h.seg.slot(3)->state.store(chi::ipc::slot_word(1, 0x55));
+      raw_queue(h, 3);
+    } else if (kind == kTwice) {
+      uint64_t us = 100000;
+      chi::ipc::SlotHeader *s = h.seg.slot(1);
+      s->method = f.sleep_method;
+      s->route = CHI_ROUTE_CPU;
+      s->input_size = sizeof us;
+      memcpy(h.seg.input(1), &us, sizeof us);
+      s->state.store(chi::ipc::slot_word(1, chi::ipc::kSlotSubmitted));
+      raw_queue(h, 1);
+      raw_queue(h, 1);
+    } else {
+      // Random bytes over the ring and the first slots, then ring the bell.
+      uint8_t *p = h.seg.base + h.seg.layout.ring_offset;
+      size_t n = h.seg.layout.slots_offset - h.seg.layout.ring_offset + 4 * h.seg.layout.slot_stride;
+      for (size_t b = 0; b < n; b += 8) {
+        uint64_t v = chi_test_rand(&seed);
+        memcpy(p + b, &v, 8);
+      }
+      // Make cell 0 look published so the server reads garbage.
+      h.seg.ring()[0].seq.store(1, std::memory_order_release);
+      uint64_t one = 1;
+      ssize_t wr = write(h.doorbell, &one, sizeof one);
+      (void)wr;
+    }
+    if (kind != kRandom) assert_true(raw_cut_off(h));
+    raw_close(h);
+  }
+  // The first hostile session still gets answers, and so does the honest one.
+  chi::ipc::SlotHeader *h = r.seg.slot(slot);
+  uint64_t in[2] = {40, 2};
+  h->method = CHI_METHOD_ADD;
+  h->route = CHI_ROUTE_CPU;
+  h->input_size = sizeof in;
+  memcpy(r.seg.input(slot), in, sizeof in);
+  h->state.store(chi::ipc::slot_word(9, chi::ipc::kSlotSubmitted));
+  raw_queue(r, slot);
+  assert_int_equal(raw_result(r, slot, 9), CHI_OK);
+  uint64_t out;
+  memcpy(&out, r.seg.output(slot), sizeof out);
+  assert_int_equal(out, 42);
+  raw_close(r);
+  done.store(true);
+  t.join();
+  assert_int_equal(bad.load(), 0);
+  assert_true(good.load() > 0);
+  assert_status(CHI_OK, chi_finalize(honest));
+  assert_true(settle(f.rt, 0));
+  assert_status(CHI_OK, chi_finalize(f.rt));
+}
+
+int child_server(const char *address) {
+  chi_config_t cfg;
+  chi_config_init(&cfg);
+  cfg.gpus = 0;
+  cfg.num_workers = 2;
+  chi_runtime_t *rt;
+  if (chi_init(&cfg, &rt) != CHI_OK) return 1;
+  chi_method_t m;
+  chi_register_handler(rt, "test.sleep", sleep_handler, nullptr, &m);
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  chi_server_t *srv;
+  if (chi_server_start(rt, address, &srv) != CHI_OK) return 1;
+  int sig;
+  sigwait(&set, &sig);
+  return chi_finalize(rt) == CHI_OK ? 0 : 1;
+}
+
+int child_client(const char *address, int ready_fd) {
+  chi_config_t cfg;
+  chi_config_init(&cfg);
+  cfg.mode = CHI_MODE_CLIENT;
+  cfg.server_address = address;
+  chi_runtime_t *rt;
+  if (chi_init(&cfg, &rt) != CHI_OK) return 1;
+  chi_method_t slow;
+  if (chi_method_lookup(rt, "test.sleep", &slow) != CHI_OK) return 1;
+  // A window of short slow tasks, plus quick ones, then tell the parent.
+  for (int i = 0; i < 16; ++i) {
+    uint64_t us = 2000;
+    chi_future_t f;
+    chi_submit(rt, CHI_ROUTE_CPU, i % 2 ? slow : CHI_METHOD_ECHO, &us, sizeof us, &f);
+  }
+  ssize_t n = write(ready_fd, "r", 1);
+  (void)n;
+  for (;;) pause();
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return 1;
+  self[n] = 0;
+  g_self = self;
+  if (argc >= 3 && !strcmp(argv[1], "child-server")) return child_server(argv[2]);
+  if (argc >= 4 && !strcmp(argv[1], "child-client")) return child_client(argv[2], atoi(argv[3]));
+  chi_test_clean_env();
+  signal(SIGPIPE, SIG_IGN);
+  char tmpl[] = "/tmp/chi-server-test-XXXXXX";
+  if (!mkdtemp(tmpl)) return 1;
+  g_dir = tmpl;
+  setenv("CHI_RUNTIME_DIR", tmpl, 1);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_round_trips_from_threads),
+      cmocka_unit_test(test_one_server_per_address),
+      cmocka_unit_test(test_stale_endpoint_taken_over),
+      cmocka_unit_test(test_version_mismatch),
+      cmocka_unit_test(test_max_clients),
+      cmocka_unit_test(test_client_kill_loop),
+      cmocka_unit_test(test_server_killed),
+      cmocka_unit_test(test_graceful_stop),
+      cmocka_unit_test(test_garbage_in_segment),
+  };
+  if (getenv("CHI_TEST_FILTER")) cmocka_set_test_filter(getenv("CHI_TEST_FILTER"));
+  int rc = cmocka_run_group_tests_name("server", tests, nullptr, nullptr);
+  std::string cleanup = "rm -rf " + g_dir;
+  if (system(cleanup.c_str()) != 0) rc = rc ? rc : 1;
+  return rc;
+}
