@@ -622,6 +622,51 @@ void test_garbage_in_segment(void **) {
   assert_status(CHI_OK, chi_finalize(f.rt));
 }
 
+// CPU->GPU from a client: the server relays to its orchestrators (skipped
+// where the server has no GPU, as in CI).
+void test_gpu_route_through_server(void **) {
+  chi_config_t cfg;
+  chi_config_init(&cfg);
+  cfg.num_workers = 2;
+  chi_runtime_t *rt;
+  assert_status(CHI_OK, chi_init(&cfg, &rt));
+  int32_t gpus = 0;
+  assert_status(CHI_OK, chi_gpu_count(rt, &gpus));
+  if (gpus == 0) {
+    chi_finalize(rt);
+    skip();
+    return;
+  }
+  std::string address = unique_name("gpu");
+  chi_server_t *srv;
+  assert_status(CHI_OK, chi_server_start(rt, address.c_str(), &srv));
+  chi_runtime_t *c = connect_client(address);
+  int32_t seen = 0;
+  assert_status(CHI_OK, chi_gpu_count(c, &seen));
+  assert_int_equal(seen, gpus);
+  const long n = chi_test_scaled(2000);
+  uint8_t in[600], out[600];
+  for (long i = 0; i < n; ++i) {
+    size_t len = size_t(i % 3 == 0 ? 600 : i % 64);
+    for (size_t b = 0; b < len; ++b) in[b] = uint8_t(i + b);
+    chi_future_t f;
+    size_t got = 0;
+    assert_status(CHI_OK, chi_submit(c, i % 2 ? CHI_ROUTE_GPU_ANY : CHI_ROUTE_GPU(0), CHI_METHOD_ECHO, in, len, &f));
+    assert_status(CHI_OK, chi_wait(c, f, -1, out, sizeof out, &got));
+    assert_int_equal(got, len);
+    assert_memory_equal(in, out, len);
+  }
+  uint64_t sum_in[2] = {7, 35}, sum = 0;
+  chi_future_t f;
+  assert_status(CHI_OK, chi_submit(c, CHI_ROUTE_GPU(0), CHI_METHOD_ADD, sum_in, sizeof sum_in, &f));
+  assert_status(CHI_OK, chi_wait(c, f, -1, &sum, sizeof sum, nullptr));
+  assert_int_equal(sum, 42);
+  assert_status(CHI_ERR_INVALID, chi_submit(c, CHI_ROUTE_GPU(gpus), CHI_METHOD_ECHO, in, 1, &f));
+  print_message("  %ld CPU->GPU echo tasks from a client through the server on %d GPU(s): all correct\n", n, gpus);
+  assert_status(CHI_OK, chi_finalize(c));
+  assert_status(CHI_OK, chi_finalize(rt));
+}
+
 int child_server(const char *address) {
   chi_config_t cfg;
   chi_config_init(&cfg);
@@ -688,6 +733,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_server_killed),
       cmocka_unit_test(test_graceful_stop),
       cmocka_unit_test(test_garbage_in_segment),
+      cmocka_unit_test(test_gpu_route_through_server),
   };
   if (getenv("CHI_TEST_FILTER")) cmocka_set_test_filter(getenv("CHI_TEST_FILTER"));
   int rc = cmocka_run_group_tests_name("server", tests, nullptr, nullptr);
