@@ -667,6 +667,100 @@ void test_gpu_route_through_server(void **) {
   assert_status(CHI_OK, chi_finalize(rt));
 }
 
+// 64 client processes connected at once, each checking every result.
+void test_many_clients(void **) {
+  ServerFixture f = start_server();
+  const int clients = 64;
+  const long tasks = chi_test_scaled(500);
+  std::vector<pid_t> kids;
+  for (int i = 0; i < clients; ++i)
+    kids.push_back(spawn({g_self, "child-adder", f.address, std::to_string(tasks), std::to_string(i)}));
+  int failed = 0;
+  for (pid_t k : kids) {
+    int status = 0;
+    waitpid(k, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+  }
+  assert_int_equal(failed, 0);
+  assert_true(settle(f.rt, 0));
+  chi_stats_t st = stats_of(f.rt);
+  assert_true(st.routes[CHI_STATS_CLIENT].completed >= uint64_t(clients) * uint64_t(tasks));
+  assert_int_equal(st.routes[CHI_STATS_CLIENT].failed, 0);
+  print_message("  %d client processes x %ld round trips: all correct; client p50 %llu ns, p99 %llu ns\n",
+                clients, tasks, (unsigned long long)st.routes[CHI_STATS_CLIENT].latency_p50_ns,
+                (unsigned long long)st.routes[CHI_STATS_CLIENT].latency_p99_ns);
+  assert_status(CHI_OK, chi_finalize(f.rt));
+}
+
+// Connect, submit, disconnect, many times; every tenth client is SIGKILLed
+// mid-flight.  Clients, slots, descriptors and memory return to baseline.
+void test_churn(void **) {
+  ServerFixture f = start_server();
+  assert_true(settle(f.rt, 0));
+  const int fds_before = count_fds();
+  const long rss_before = rss_kb();
+  const long cycles = chi_test_scaled(1000);
+  long killed = 0;
+  for (long i = 0; i < cycles; ++i) {
+    if (i % 10 == 9) {
+      int pipefd[2];
+      assert_int_equal(pipe(pipefd), 0);
+      pid_t child = spawn({g_self, "child-client", f.address, std::to_string(pipefd[1])});
+      close(pipefd[1]);
+      char ready;
+      assert_int_equal(read(pipefd[0], &ready, 1), 1);
+      close(pipefd[0]);
+      kill(child, SIGKILL);
+      waitpid(child, nullptr, 0);
+      ++killed;
+    } else {
+      pid_t child = spawn({g_self, "child-adder", f.address, "3", std::to_string(i)});
+      int status = 0;
+      waitpid(child, &status, 0);
+      assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+  }
+  assert_true(settle(f.rt, 0));
+  for (int i = 0; i < 1000 && count_fds() != fds_before; ++i) usleep(10000);
+  chi_stats_t st = stats_of(f.rt);
+  const int fds_after = count_fds();
+  const long rss_after = rss_kb();
+  print_message("  churn: %ld cycles (%ld SIGKILLed): clients %u, slots in use %llu, fds %d -> %d, "
+                "RSS %ld -> %ld kB\n",
+                cycles, killed, st.clients, (unsigned long long)st.slots_in_use, fds_before, fds_after,
+                rss_before, rss_after);
+  assert_int_equal(st.clients, 0);
+  assert_int_equal(st.slots_in_use, 0);
+  assert_int_equal(fds_after, fds_before);
+  assert_true(rss_after - rss_before < 32 * 1024);
+  assert_status(CHI_OK, chi_finalize(f.rt));
+}
+
+int child_adder(const char *address, long tasks, uint64_t id) {
+  chi_config_t cfg;
+  chi_config_init(&cfg);
+  cfg.mode = CHI_MODE_CLIENT;
+  cfg.server_address = address;
+  chi_runtime_t *rt;
+  // At once, many clients may find the server busy: retry the connection.
+  chi_status_t s = CHI_ERR_DISCONNECTED;
+  for (int k = 0; k < 50 && (s = chi_init(&cfg, &rt)) != CHI_OK; ++k) usleep(20000);
+  if (s != CHI_OK) {
+    fprintf(stderr, "child %llu: %s\n", (unsigned long long)id, chi_last_error_message());
+    return 1;
+  }
+  for (long i = 0; i < tasks; ++i) {
+    uint64_t in[2] = {id << 32, uint64_t(i)}, out = 0;
+    chi_future_t f;
+    if (chi_submit(rt, CHI_ROUTE_CPU, CHI_METHOD_ADD, in, sizeof in, &f) != CHI_OK ||
+        chi_wait(rt, f, -1, &out, sizeof out, nullptr) != CHI_OK || out != in[0] + in[1]) {
+      fprintf(stderr, "child %llu: task %ld: %s\n", (unsigned long long)id, i, chi_last_error_message());
+      return 1;
+    }
+  }
+  return chi_finalize(rt) == CHI_OK ? 0 : 1;
+}
+
 int child_server(const char *address) {
   chi_config_t cfg;
   chi_config_init(&cfg);
@@ -717,6 +811,8 @@ int main(int argc, char **argv) {
   g_self = self;
   if (argc >= 3 && !strcmp(argv[1], "child-server")) return child_server(argv[2]);
   if (argc >= 4 && !strcmp(argv[1], "child-client")) return child_client(argv[2], atoi(argv[3]));
+  if (argc >= 5 && !strcmp(argv[1], "child-adder"))
+    return child_adder(argv[2], atol(argv[3]), strtoull(argv[4], nullptr, 10));
   chi_test_clean_env();
   signal(SIGPIPE, SIG_IGN);
   char tmpl[] = "/tmp/chi-server-test-XXXXXX";
@@ -733,6 +829,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_server_killed),
       cmocka_unit_test(test_graceful_stop),
       cmocka_unit_test(test_garbage_in_segment),
+      cmocka_unit_test(test_many_clients),
+      cmocka_unit_test(test_churn),
       cmocka_unit_test(test_gpu_route_through_server),
   };
   if (getenv("CHI_TEST_FILTER")) cmocka_set_test_filter(getenv("CHI_TEST_FILTER"));
