@@ -24,6 +24,10 @@ pub const CHI_ERR_PERMISSION: i32 = -11;
 pub const CHI_ERR_SHUTDOWN: i32 = -12;
 pub const CHI_ERR_INTERNAL: i32 = -13;
 pub const CHI_ERR_USER_BASE: i32 = -1000;
+pub const CHI_STATS_CPU: i32 = 0;
+pub const CHI_STATS_GPU: i32 = 1;
+pub const CHI_STATS_CLIENT: i32 = 2;
+pub const CHI_STATS_ROUTES: i32 = 4;
 pub type __int32_t = ::std::os::raw::c_int;
 pub type __uint32_t = ::std::os::raw::c_uint;
 pub type __int64_t = ::std::os::raw::c_long;
@@ -480,6 +484,343 @@ extern "C" {
         ref_: *const chi_mem_ref_t,
         ptr: *mut *mut ::std::os::raw::c_void,
         gpu: *mut i32,
+    ) -> chi_status_t;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct chi_route_stats {
+    pub submitted: u64,
+    pub completed: u64,
+    pub failed: u64,
+    pub in_flight: u64,
+    pub latency_p50_ns: u64,
+    pub latency_p99_ns: u64,
+    pub latency_max_ns: u64,
+}
+#[test]
+fn bindgen_test_layout_chi_route_stats() {
+    assert_eq!(
+        ::std::mem::size_of::<chi_route_stats>(),
+        56usize,
+        concat!("Size of: ", stringify!(chi_route_stats))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<chi_route_stats>(),
+        8usize,
+        concat!("Alignment of ", stringify!(chi_route_stats))
+    );
+    fn test_field_submitted() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_route_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).submitted) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_route_stats),
+                "::",
+                stringify!(submitted)
+            )
+        );
+    }
+    test_field_submitted();
+    fn test_field_completed() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_route_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).completed) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_route_stats),
+                "::",
+                stringify!(completed)
+            )
+        );
+    }
+    test_field_completed();
+    fn test_field_failed() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_route_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).failed) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_route_stats),
+                "::",
+                stringify!(failed)
+            )
+        );
+    }
+    test_field_failed();
+    fn test_field_in_flight() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_route_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).in_flight) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_route_stats),
+                "::",
+                stringify!(in_flight)
+            )
+        );
+    }
+    test_field_in_flight();
+    fn test_field_latency_p50_ns() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_route_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).latency_p50_ns) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_route_stats),
+                "::",
+                stringify!(latency_p50_ns)
+            )
+        );
+    }
+    test_field_latency_p50_ns();
+    fn test_field_latency_p99_ns() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_route_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).latency_p99_ns) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_route_stats),
+                "::",
+                stringify!(latency_p99_ns)
+            )
+        );
+    }
+    test_field_latency_p99_ns();
+    fn test_field_latency_max_ns() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_route_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).latency_max_ns) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_route_stats),
+                "::",
+                stringify!(latency_max_ns)
+            )
+        );
+    }
+    test_field_latency_max_ns();
+}
+pub type chi_route_stats_t = chi_route_stats;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct chi_stats {
+    pub struct_size: usize,
+    pub routes: [chi_route_stats_t; 4usize],
+    pub workers: u32,
+    pub clients: u32,
+    pub gpus: i32,
+    pub reserved: u32,
+    pub slots_in_use: u64,
+    pub slots_total: u64,
+}
+#[test]
+fn bindgen_test_layout_chi_stats() {
+    assert_eq!(
+        ::std::mem::size_of::<chi_stats>(),
+        264usize,
+        concat!("Size of: ", stringify!(chi_stats))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<chi_stats>(),
+        8usize,
+        concat!("Alignment of ", stringify!(chi_stats))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_stats),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_routes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).routes) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_stats),
+                "::",
+                stringify!(routes)
+            )
+        );
+    }
+    test_field_routes();
+    fn test_field_workers() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).workers) as usize - ptr as usize
+            },
+            232usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_stats),
+                "::",
+                stringify!(workers)
+            )
+        );
+    }
+    test_field_workers();
+    fn test_field_clients() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).clients) as usize - ptr as usize
+            },
+            236usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_stats),
+                "::",
+                stringify!(clients)
+            )
+        );
+    }
+    test_field_clients();
+    fn test_field_gpus() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).gpus) as usize - ptr as usize
+            },
+            240usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_stats),
+                "::",
+                stringify!(gpus)
+            )
+        );
+    }
+    test_field_gpus();
+    fn test_field_reserved() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved) as usize - ptr as usize
+            },
+            244usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_stats),
+                "::",
+                stringify!(reserved)
+            )
+        );
+    }
+    test_field_reserved();
+    fn test_field_slots_in_use() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).slots_in_use) as usize - ptr as usize
+            },
+            248usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_stats),
+                "::",
+                stringify!(slots_in_use)
+            )
+        );
+    }
+    test_field_slots_in_use();
+    fn test_field_slots_total() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).slots_total) as usize - ptr as usize
+            },
+            256usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_stats),
+                "::",
+                stringify!(slots_total)
+            )
+        );
+    }
+    test_field_slots_total();
+}
+pub type chi_stats_t = chi_stats;
+extern "C" {
+    pub fn chi_stats(rt: *mut chi_runtime_t, stats: *mut chi_stats_t) -> chi_status_t;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct chi_server {
+    _unused: [u8; 0],
+}
+pub type chi_server_t = chi_server;
+extern "C" {
+    pub fn chi_server_start(
+        rt: *mut chi_runtime_t,
+        address: *const ::std::os::raw::c_char,
+        srv: *mut *mut chi_server_t,
+    ) -> chi_status_t;
+}
+extern "C" {
+    pub fn chi_server_stop(srv: *mut chi_server_t, drain_timeout_ms: u32) -> chi_status_t;
+}
+extern "C" {
+    pub fn chi_server_wait_stop_request(srv: *mut chi_server_t, timeout_ms: i64) -> chi_status_t;
+}
+extern "C" {
+    pub fn chi_server_query(
+        address: *const ::std::os::raw::c_char,
+        request: *const ::std::os::raw::c_char,
+        reply: *mut ::std::os::raw::c_char,
+        capacity: usize,
+        reply_size: *mut usize,
     ) -> chi_status_t;
 }
 #[repr(C)]
