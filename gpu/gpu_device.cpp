@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -28,6 +29,7 @@ constexpr int64_t kDrainTimeoutNs = 10ll * 1000000000;
 constexpr int64_t kLeaseWakeEarlyNs = 40000;
 // After watching this long past the expected end, it naps between looks.
 constexpr int64_t kLeaseWatchNs = 200000;
+constexpr long kLeaseNapNs = 20000;
 
 void sleep_ns(long ns) {
   timespec ts{0, ns};
@@ -111,7 +113,7 @@ chi_status_t GpuDevice::allocate() {
   size_t d2h_ring = hc.take(s.d2h_ring_entries * rec);
   size_t d2h_reply = hc.take(s.dslots * rec);
   size_t d2h_buf = bufs ? hc.take(s.dslots * s.payload_stride) : 0;
-  size_t stop = hc.take(64);
+  size_t stop = hc.take(128);  // control staging, fault read-back; the lease words at +64
   if (cudaError_t e = cudaHostAlloc(reinterpret_cast<void **>(&pinned_), hc.size,
                                     cudaHostAllocPortable | cudaHostAllocMapped);
       e != cudaSuccess) {
@@ -124,6 +126,10 @@ chi_status_t GpuDevice::allocate() {
       e != cudaSuccess)
     return cuda_error(CHI_ERR_INTERNAL, id_, "mapping pinned memory", e);
   stop_src_ = reinterpret_cast<uint32_t *>(pinned_ + stop);
+  host_lease_ = reinterpret_cast<uint64_t *>(pinned_ + stop + 64);
+  for (cudaEvent_t *ev : {&ended_[0], &ended_[1]})
+    if (cudaError_t e = cudaEventCreateWithFlags(ev, cudaEventDisableTiming); e != cudaSuccess)
+      return cuda_error(CHI_ERR_INTERNAL, id_, "creating an event", e);
 
   Carver dc;
   size_t state = dc.take(sizeof(chi_dev_orch_state_t));
@@ -190,6 +196,7 @@ chi_status_t GpuDevice::allocate() {
   os.dispatch = dispatch_;
   os.scratch = dev_ + scratch;
   os.lease_ns = s.lease_ns;
+  os.host_lease = reinterpret_cast<const uint64_t *>(pdev + stop + 64);
 
   // Run-queue cell i starts free for ticket i; no method has a user handler yet.
   std::vector<uint64_t> cells(s.dslots);
@@ -240,7 +247,7 @@ chi_status_t GpuDevice::start() {
 
 void GpuDevice::lease_loop() {
   pthread_setname_np(pthread_self(), "chi-gpu-lease");
-  // Wake-ups on time: the default 50 us slack would widen every relaunch gap.
+  // Wake-ups on time: the default 50 us slack would delay every successor.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
   // The launchers (ours, or a user's with its own CUDA runtime instance) use
   // the context current to this thread.
@@ -249,46 +256,53 @@ void GpuDevice::lease_loop() {
   for (;;) {
     lease_cv_.wait(lock, [this] { return lease_quit_.load() || (running_ && !broken_); });
     if (lease_quit_.load()) return;
-    const uint64_t epoch = launches_.load();
-    const int64_t launched = launched_at_;
+    // Launch n is the only one queued (the successor is queued only below,
+    // and pause/resume/set_orchestrator launch on an idle stream).
+    const uint64_t n = launches_.load() - 1;
+    const int64_t due = launched_at_ + int64_t(shape_.lease_ns);
+    // Tells launch n which launch comes next.  Past its lease it ends as soon
+    // as that one is queued; while it is not (a device-wide call in another
+    // thread may hold this thread back in any CUDA call, or the holder of
+    // mu_), it stays as long as kernels use the device routes.
+    __atomic_store_n(&host_lease_[1], n + 2, __ATOMIC_RELEASE);
     lock.unlock();
-    // Sleep through most of the lease, then watch for the kernel's end.
-    // Everything that launches or stops the kernel holds mu_; this look is
-    // only a hint, checked again under the lock.
-    const int64_t due = launched + int64_t(shape_.lease_ns);
     if (due - kLeaseWakeEarlyNs > now_ns()) sleep_until_ns(due - kLeaseWakeEarlyNs);
-    long nap;
+    // Queue the successor behind launch n: it starts as soon as n ends.
+    lock.lock();
+    if (lease_quit_.load()) return;
+    if (!running_ || broken_ || launches_.load() - 1 != n) continue;  // paused, or launched anew
+    if (launch_locked(true) != CHI_OK) {
+      broken_ = true;
+      running_ = false;
+      log(LogLevel::kError, "GPU %d: queuing the orchestrator's next lease: %s", id_, last_error());
+      continue;
+    }
+    __atomic_store_n(&host_lease_[1], n + 3, __ATOMIC_RELEASE);
+    lock.unlock();
+    // Wait for launch n to end: its successor starts then.
+    cudaError_t e;
     for (;;) {
-      cudaError_t e = cudaStreamQuery(orch_stream_);
+      e = cudaEventQuery(ended_[n & 1]);
       if (e != cudaErrorNotReady) break;
-      if (lease_quit_.load(std::memory_order_relaxed) || launches_.load() != epoch) break;
-      const int64_t late = now_ns() - due;
-      if (late > kLeaseWatchNs) {
-        // Late: the kernel started late (it waited for an SM) or a handler
-        // runs long.  Look every 20 us, after 20 ms of that every 1 ms.
-        nap = late < 20000000 ? 20000 : 1000000;
-        sleep_ns(nap);
+      if (lease_quit_.load(std::memory_order_relaxed) || launches_.load() != n + 2) break;
+      if (now_ns() - due > kLeaseWatchNs) {
+        // Late: launch n stays while kernels use the device routes, it
+        // started late (it waited for an SM), or a handler runs long.
+        sleep_ns(kLeaseNapNs);
       } else {
         for (int i = 0; i < 64; ++i) cpu_relax();  // spares the CUDA runtime's locks
       }
     }
     lock.lock();
     if (lease_quit_.load()) return;
-    if (!running_ || broken_ || launches_.load() != epoch) continue;  // paused, or launched anew
-    cudaError_t e = cudaStreamQuery(orch_stream_);
-    if (e == cudaErrorNotReady) continue;
-    if (e != cudaSuccess) {
+    if (e != cudaSuccess && e != cudaErrorNotReady) {
       broken_ = true;
       running_ = false;
       cuda_error(CHI_ERR_INTERNAL, id_, "orchestrator kernel failed", e);
       log(LogLevel::kError, "%s", last_error());
       continue;
     }
-    if (launch_locked() != CHI_OK) {
-      broken_ = true;
-      running_ = false;
-      log(LogLevel::kError, "GPU %d: relaunch after the lease: %s", id_, last_error());
-    }
+    if (e == cudaSuccess && launches_.load() == n + 2) launched_at_ = now_ns();  // n + 1 started
   }
 }
 
@@ -301,8 +315,14 @@ chi_status_t GpuDevice::write_stop(uint32_t value) {
   DeviceGuard guard(ordinal_);
   stop_src_[0] = value;
   stop_src_[1] = 0;  // the fault word
-  cudaError_t e = cudaMemcpyAsync(control_, stop_src_, 2 * sizeof(uint32_t), cudaMemcpyHostToDevice,
-                                  ctl_stream_);
+  stop_src_[2] = stop_src_[3] = 0;
+  // Clearing the flag precedes a launch on an idle stream: the arrival
+  // counter then restarts at that launch's index (a kernel of another ABI
+  // never arrived), so the lease epochs stay the launch indices.
+  const uint64_t arrivals = launches_.load() * shape_.nwarps;
+  std::memcpy(stop_src_ + 4, &arrivals, sizeof arrivals);
+  const size_t bytes = value == 0 ? 6 * sizeof(uint32_t) : 2 * sizeof(uint32_t);
+  cudaError_t e = cudaMemcpyAsync(control_, stop_src_, bytes, cudaMemcpyHostToDevice, ctl_stream_);
   if (e == cudaSuccess) e = cudaStreamSynchronize(ctl_stream_);
   if (e != cudaSuccess) {
     broken_ = true;
@@ -311,8 +331,9 @@ chi_status_t GpuDevice::write_stop(uint32_t value) {
   return CHI_OK;
 }
 
-chi_status_t GpuDevice::launch_locked() {
+chi_status_t GpuDevice::launch_locked(bool behind) {
   DeviceGuard guard(ordinal_);
+  const uint64_t index = launches_.load();
   chi_gpu_launch_t l;
   l.struct_size = sizeof l;
   l.gpu = id_;
@@ -326,10 +347,14 @@ chi_status_t GpuDevice::launch_locked() {
     return set_error(CHI_ERR_INTERNAL, "GPU %d: orchestrator launch failed (%d): %s", id_, s,
                      cudaGetErrorString(e));
   }
+  // Ends with the launch: the lease thread waits on it before the next one.
+  cudaError_t e = cudaEventRecord(ended_[index & 1], orch_stream_);
   running_ = true;
-  launched_at_ = now_ns();
-  launches_.fetch_add(1);
+  launches_.store(index + 1);
+  __atomic_store_n(&host_lease_[0], index + 1, __ATOMIC_RELEASE);
+  if (!behind) launched_at_ = now_ns();
   lease_cv_.notify_all();
+  if (e != cudaSuccess) return cuda_error(CHI_ERR_INTERNAL, id_, "recording the launch's event", e);
   return CHI_OK;
 }
 
@@ -401,10 +426,10 @@ chi_status_t GpuDevice::set_orchestrator(chi_gpu_launch_fn launch,
     // within this time because its lease did leaves it clear.
     sleep_ns(2000000);
     uint32_t fault = 0;
-    e = cudaMemcpyAsync(stop_src_ + 2, control_ + 1, sizeof fault, cudaMemcpyDefault, ctl_stream_);
+    e = cudaMemcpyAsync(stop_src_ + 8, control_ + 1, sizeof fault, cudaMemcpyDefault, ctl_stream_);
     if (e == cudaSuccess) e = cudaStreamSynchronize(ctl_stream_);
     if (e != cudaSuccess) return cuda_error(CHI_ERR_INTERNAL, id_, "reading the fault word", e);
-    fault = stop_src_[2];
+    fault = stop_src_[8];
     if (fault == 0) return CHI_OK;
     (void)pause_locked();  // it has exited: waits for the stream
     s = set_error(CHI_ERR_INTERNAL, "GPU %d: user orchestrator exited at once (fault %u%s)", id_,
@@ -534,6 +559,9 @@ void GpuDevice::release_memory() {
   DeviceGuard guard(ordinal_);
   if (dev_) (void)cudaFree(dev_);
   if (pinned_) (void)cudaFreeHost(pinned_);
+  for (cudaEvent_t &ev : ended_)
+    if (ev) (void)cudaEventDestroy(ev);
+  ended_[0] = ended_[1] = nullptr;
   if (orch_stream_) (void)cudaStreamDestroy(orch_stream_);
   if (ctl_stream_) (void)cudaStreamDestroy(ctl_stream_);
   dev_ = nullptr;

@@ -60,7 +60,8 @@ class GpuDevice {
 
  private:
   chi_status_t allocate();
-  chi_status_t launch_locked();
+  // behind: queued behind the running launch (the lease thread's successor).
+  chi_status_t launch_locked(bool behind = false);
   chi_status_t pause_locked();
   chi_status_t resume_locked();
   // Writes the stop flag and clears the fault word.
@@ -79,6 +80,8 @@ class GpuDevice {
   uint8_t *pinned_ = nullptr;
   uint8_t *dev_ = nullptr;
   uint32_t *stop_src_ = nullptr;  // pinned source of the stop-flag copies
+  uint64_t *host_lease_ = nullptr;  // pinned, read by the kernel: launches queued, launch being queued
+  cudaEvent_t ended_[2] = {nullptr, nullptr};  // recorded after launch i into ended_[i & 1]
   chi_dev_ctx_layout_t layout_{};
   chi_dev_orch_state_t *state_ = nullptr;  // device
   uint32_t *control_ = nullptr;            // device
@@ -91,7 +94,7 @@ class GpuDevice {
   std::thread lease_thread_;          // only with a lease (gpu.lease_us > 0)
   std::atomic<bool> lease_quit_{false};
   std::atomic<uint64_t> launches_{0};  // kernel launches so far
-  int64_t launched_at_ = 0;            // now_ns() of the last launch
+  int64_t launched_at_ = 0;            // now_ns() when the newest launch started, about
   bool running_ = false;  // the orchestrator is on: launched, or about to be relaunched
   bool broken_ = false;  // the kernel faulted or would not stop: no more CUDA work
   bool shut_ = false;

@@ -127,14 +127,17 @@ typedef struct chi_dev_orch_state {
   uint64_t *h2d_ring;    /* pinned: CPU->GPU ring of LL records */
   uint64_t *h2d_done;    /* pinned: one LL completion record per slot */
   uint8_t *h2d_buf;      /* pinned: slots x payload_stride, payloads over 112 bytes */
-  uint32_t *control;     /* device: [0] stop request, [1] fault code */
+  uint32_t *control;     /* device, 16 words: [0] stop request, [1] fault code, [4..5] warp
+                          * arrivals (uint64, lease epochs), [6..7] last lease over (uint64) */
   uint64_t *h2d_next;    /* device: next ticket of each polling warp */
   int32_t *dispatch;     /* device: method id -> user dispatch index, -1: none */
   uint8_t *scratch;      /* device: per warp, input then output, payload_stride each */
   /* Fields added after ABI 2 go here, after `control`: a kernel of another ABI
    * still finds `abi` and `control` where it expects them and reports itself. */
-  uint64_t lease_ns;     /* the kernel ends this long after it started (0: never); the
-                          * runtime relaunches it at once, state stays in device memory */
+  uint64_t lease_ns;     /* the kernel's lease (0: never ends); see orchestrator_main */
+  const uint64_t *host_lease; /* pinned, written by the runtime's lease thread: [0] launches
+                               * queued so far, [1] index + 1 of the next launch it will
+                               * queue (it may be held back in a CUDA call) */
 } chi_dev_orch_state_t;
 
 #define CHI_DEV_FAULT_ABI 1u /* kernel compiled against another chimaera_device.h */
@@ -962,6 +965,42 @@ CHI_DEVICE_NOINLINE uint32_t poll_host(const chi_dev_orch_state_t *st, uint64_t 
 }
 
 constexpr uint64_t kWorkerSpinNs = 50000;
+/* Past its lease the keeper warp looks at the device routes this often. */
+constexpr uint64_t kKeeperSampleNs = 4000;
+/* A task slot held with no device-route activity keeps the kernel at most this long
+ * (a future never waited for must not keep it forever). */
+constexpr uint64_t kKeeperHoldNs = 20000000;
+/* A successor launch still being queued after this long is held back by
+ * another thread's device-wide call. */
+constexpr uint64_t kKeeperBlockedNs = 30000;
+/* With no successor queued or being queued this long after the lease (the
+ * lease thread is not running), the kernel ends anyway. */
+constexpr uint64_t kKeeperHostLateNs = 20000000;
+
+/* The keeper's view of the device routes (warp-collective): a signature that
+ * changes with every submission (the tickets) and every slot taken or freed
+ * (the bitmaps), and whether any slot is in use. */
+CHI_DEVICE_NOINLINE uint64_t route_signature(const chi_dev_layout *l, uint32_t lane, bool *in_use) {
+  const uint32_t nw = l->slots >> 5;
+  uint64_t h = 0;
+  uint32_t any = 0;
+  for (uint32_t i = lane; i < nw; i += CHI_WARP_SIZE) {
+    const uint32_t a = chi_port::ld_relaxed_dev(l->d2d_bitmap + i);
+    const uint32_t b = chi_port::ld_relaxed_dev(l->d2h_bitmap + i);
+    any |= a | b;
+    h += (static_cast<uint64_t>(a) * 0x9E3779B97F4A7C15ull) ^
+         ((static_cast<uint64_t>(b) + i) * 0xBF58476D1CE4E5B9ull) ^ i;
+  }
+  for (int d = 1; d < CHI_WARP_SIZE; d <<= 1) {
+    h += chi_port::shfl(h, static_cast<int>(lane ^ static_cast<uint32_t>(d)));
+    any |= chi_port::shfl(any, static_cast<int>(lane ^ static_cast<uint32_t>(d)));
+  }
+  *in_use = any != 0;
+  uint64_t tails = lane == 0 ? chi_port::ld_relaxed_dev(l->d2d_tail) * 0x100000001B3ull +
+                                   chi_port::ld_relaxed_dev(l->d2h_tail)
+                             : 0u;
+  return h ^ chi_port::shfl(tails, 0);
+}
 /* Tasks a worker takes at once: one pop round trip for several tasks, few
  * enough that a burst still spreads over the workers. */
 constexpr uint32_t kPopBatch = 8;
@@ -989,17 +1028,47 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
     uint64_t h = lane == 0 ? chi_port::ld_relaxed_dev(l->d2d_head) : 0u;
     qhead = chi_port::shfl(h, 0);
   }
-  /* The lease: every warp ends at its own start + lease_ns, once its current
-   * tasks are done (all in-flight state is in device memory: the polling
-   * warps' next tickets, the run queue and the slots), so that device-wide
-   * synchronization by other code waits at most about one lease; the runtime
-   * relaunches the kernel at once. */
+  /* The lease (docs/gpu.md, "Coexisting with other CUDA code").  The kernel
+   * ends after lease_ns, so that device-wide synchronization by other code
+   * (cudaFree, cudaDeviceSynchronize, module loading) waits about one lease.
+   * All in-flight state is in device memory (the polling warps' next
+   * tickets, the run queue, the slots), so the next launch goes on from
+   * there.  The runtime's lease thread queues that launch on the same stream
+   * shortly before the lease ends, so it starts as soon as this one ends.
+   * The last warp, the keeper, decides when the launch ends, once past the
+   * lease: at once when the successor is queued; if queuing it takes longer
+   * than kKeeperBlockedNs (another thread's cudaFree or the like holds
+   * launches back until the device is idle, kernels that wait for tasks
+   * included), only once no device task was submitted, taken or consumed for
+   * a lease and no slot is in use (or slots were held with no activity for
+   * kKeeperHoldNs), so that those kernels finish and the call returns;
+   * without a successor or an attempt, after kKeeperHostLateNs.  Its
+   * decision reaches the other warps through control[6..7], compared with
+   * the launch's epoch (= launch index, from the arrival counter). */
   const uint64_t lease_ns = st->lease_ns;
-  const uint64_t lease_end = lease_ns ? chi_port::timer_ns() + lease_ns : ~0ull;
+  const uint64_t t_start = chi_port::shfl(chi_port::timer_ns(), 0); /* warp-uniform decisions */
+  const uint64_t lease_end = lease_ns ? t_start + lease_ns : ~0ull;
+  uint64_t *const arrivals = reinterpret_cast<uint64_t *>(st->control + 4);
+  uint64_t *const lease_over = reinterpret_cast<uint64_t *>(st->control + 6);
+  uint64_t epoch = 0;
+  const bool keeper = lease_ns != 0 && gw == st->nwarps - 1u;
+  uint64_t keep_sig = 0, keep_since = t_start, keep_sampled = 0, trying_since = 0;
+  if (lease_ns) {
+    const uint64_t a = lane == 0 ? chi_port::fetch_add_dev(arrivals, static_cast<uint64_t>(1)) : 0u;
+    epoch = chi_port::shfl(a, 0) / st->nwarps; /* launches never overlap: exact */
+    /* A launch queued behind one that pause stopped: nothing to do. */
+    const uint32_t stop0 = lane == 0 ? chi_port::ld_relaxed_dev(st->control) : 0u;
+    if (chi_port::shfl(stop0, 0)) return;
+    bool in_use;
+    if (keeper) keep_sig = route_signature(l, lane, &in_use);
+  }
   for (;;) {
     /* The stop flag's load overlaps this round's polls; it is looked at after them. */
     const uint32_t stop = lane == 0 ? chi_port::ld_relaxed_dev(st->control) : 0u;
-    const uint32_t expired = lane == 0 && lease_ns ? chi_port::timer_ns() >= lease_end : 0u;
+    const uint64_t now0 = lane == 0 && lease_ns ? chi_port::timer_ns() : 0u;
+    uint32_t expired = 0u;
+    if (lease_ns && !keeper && lane == 0 && now0 >= lease_end)
+      expired = chi_port::ld_relaxed_dev(lease_over) > epoch ? 1u : 0u;
     uint32_t ran = 0;
     if (poller) {
       ran = poll_host<D>(st, &next, batch, lane, in, out);
@@ -1011,6 +1080,39 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
       chi_port::syncwarp(); /* orders the lanes' acquires before the other lanes' reads */
       for (uint32_t k = 0; k < n; ++k) run_device_task<D>(st, chi_port::shfl(mine, static_cast<int>(k)), lane);
       ran += n;
+    }
+    if (keeper) {
+      const uint64_t now = chi_port::shfl(now0, 0);
+      if (now >= lease_end && now - keep_sampled >= kKeeperSampleNs) {
+        keep_sampled = now;
+        uint64_t queued = 0, trying = 0;
+        if (lane == 0) chi_port::ll_load16(st->host_lease, &queued, &trying);
+        queued = chi_port::shfl(queued, 0);
+        trying = chi_port::shfl(trying, 0);
+        bool leave = false;
+        if (queued >= epoch + 2u) {
+          leave = true; /* the successor is queued: it starts when this launch ends */
+        } else if (trying == epoch + 2u) { /* being queued, or the lease thread is held back */
+          if (trying_since == 0) trying_since = now;
+          if (now - trying_since >= kKeeperBlockedNs) {
+            bool in_use;
+            const uint64_t sig = route_signature(l, lane, &in_use);
+            if (sig != keep_sig) {
+              keep_sig = sig;
+              keep_since = now;
+            }
+            const uint64_t quiet = now - keep_since;
+            leave = quiet >= lease_ns && (!in_use || quiet >= kKeeperHoldNs);
+          }
+        } else {
+          trying_since = 0;
+          leave = now - lease_end >= kKeeperHostLateNs;
+        }
+        if (leave) {
+          if (lane == 0) chi_port::st_relaxed_dev(lease_over, epoch + 1u);
+          expired = 1u;
+        }
+      }
     }
     if (chi_port::shfl(stop | expired, 0)) break;
     if (ran) {

@@ -91,7 +91,9 @@ __global__ void k_load(chi_dev_context_t ctx, chi_route_t route, uint32_t tasks,
     chi_future_t f;
     uint32_t osz = 0;
     chi_status_t s;
-    while ((s = chi_dev_submit(&ctx, route, CHI_METHOD_ECHO, in, 64, &f)) == CHI_ERR_AGAIN)
+    const uint64_t t0 = chi_port::timer_ns();
+    while ((s = chi_dev_submit(&ctx, route, CHI_METHOD_ECHO, in, 64, &f)) == CHI_ERR_AGAIN &&
+           chi_port::timer_ns() - t0 < (uint64_t)WAIT_NS)
       __nanosleep(1000);
     if (s == CHI_OK) s = chi_dev_wait(&ctx, f, WAIT_NS, out, 64, &osz);
     bool ok = s == CHI_OK && osz == 64;
