@@ -24,10 +24,12 @@ namespace {
 constexpr int64_t kStopTimeoutNs = 60ll * 1000000000;
 // How long chi_finalize waits for queued CPU->GPU tasks.
 constexpr int64_t kDrainTimeoutNs = 10ll * 1000000000;
-// The lease thread sleeps until this long before a lease ends, then watches
-// the stream (a sleep overshoots by some microseconds even with 1 us slack).
-constexpr int64_t kLeaseWakeEarlyNs = 40000;
-// After watching this long past the expected end, it naps between looks.
+// The lease thread queues the successor this long before a lease ends (a
+// sleep overshoots by some microseconds even with 1 us slack, more on a busy
+// or virtualized host); a device-wide call made in this window also waits for
+// the successor's lease.
+constexpr int64_t kLeaseWakeEarlyNs = 100000;
+// Waiting for a launch to end: after this long past its lease, it naps between looks.
 constexpr int64_t kLeaseWatchNs = 200000;
 constexpr long kLeaseNapNs = 20000;
 

@@ -1,9 +1,10 @@
 /*
  * Helpers of the GPU test programs (CUDA only): a CUDA status check, payload
  * patterns both sides compute, the device FNV-1a, and the exit-77 rule.
- * Tests never call cudaDeviceSynchronize or cudaFree while an orchestrator
- * runs (both would wait for it forever): they sync their own stream and
- * free memory after chi_finalize.
+ * Most tests sync their own stream and free memory after chi_finalize, as
+ * programs had to with a persistent orchestrator (gpu.lease_us: 0);
+ * test_gpu_coexist calls cudaFree and cudaDeviceSynchronize beside the
+ * leased one.
  */
 #ifndef CHI_TESTS_GPU_COMMON_H
 #define CHI_TESTS_GPU_COMMON_H
