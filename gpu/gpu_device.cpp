@@ -32,6 +32,8 @@ constexpr int64_t kLeaseWakeEarlyNs = 100000;
 // Waiting for a launch to end: after this long past its lease, it naps between looks.
 constexpr int64_t kLeaseWatchNs = 200000;
 constexpr long kLeaseNapNs = 20000;
+// ... and starts looking this long before the lease ends.
+constexpr int64_t kLeaseEndSpinNs = 10000;
 
 void sleep_ns(long ns) {
   timespec ts{0, ns};
@@ -281,7 +283,9 @@ void GpuDevice::lease_loop() {
     }
     __atomic_store_n(&host_lease_[1], n + 3, __ATOMIC_RELEASE);
     lock.unlock();
-    // Wait for launch n to end: its successor starts then.
+    // Wait for launch n to end (about when its lease does): its successor
+    // starts then, and that start times the successor's lease.
+    if (due - kLeaseEndSpinNs > now_ns()) sleep_until_ns(due - kLeaseEndSpinNs);
     cudaError_t e;
     for (;;) {
       e = cudaEventQuery(ended_[n & 1]);
