@@ -11,7 +11,7 @@
 
 #include "api/error.h"
 #include "chimaera.h"
-#include "client/client_runtime.h"
+#include "client/client.h"
 #include "core/log.h"
 #include "core/runtime.h"
 #include "server/server.h"
@@ -91,7 +91,7 @@ chi_status_t resolve_engine_future(chi::Runtime *e, chi_future_t f, chi::Executo
 
 // Where a future goes: *client set for a client's server task, else *exec.
 chi_status_t resolve_future(chi_runtime_t *rt, chi_future_t f, chi::Executor **exec,
-                            chi::FutureParts *parts, chi::ClientRuntime **client,
+                            chi::FutureParts *parts, chi::Client **client,
                             chi::Runtime **engine) {
   *client = nullptr;
   if (rt->engine) {
@@ -175,8 +175,8 @@ CHI_API chi_status_t chi_init(const chi_config_t *cfg, chi_runtime_t **rt) {
     handle->client = nullptr;
     if (config.mode == CHI_MODE_CLIENT) {
       chi::set_log_level(config.log_level);
-      std::unique_ptr<chi::ClientRuntime> client;
-      if (chi_status_t s = chi::ClientRuntime::connect(config, &client); s != CHI_OK) return s;
+      std::unique_ptr<chi::Client> client;
+      if (chi_status_t s = chi::connect_client(config, &client); s != CHI_OK) return s;
       handle->client = client.release();
       *rt = handle.release();
       return CHI_OK;
@@ -304,7 +304,7 @@ CHI_API chi_status_t chi_wait(chi_runtime_t *rt, chi_future_t future, int64_t ti
     CHI_HANDLE(rt);
     chi::Executor *exec = nullptr;
     chi::FutureParts p;
-    chi::ClientRuntime *client;
+    chi::Client *client;
     chi::Runtime *e = nullptr;
     if (chi_status_t s = resolve_future(rt, future, &exec, &p, &client, &e); s != CHI_OK) return s;
     if (client) return client->wait(p.slot, p.gen, timeout_ns, output, output_capacity, output_size);
@@ -320,7 +320,7 @@ CHI_API chi_status_t chi_test(chi_runtime_t *rt, chi_future_t future, int *done)
     CHI_NONNULL(done);
     chi::Executor *exec = nullptr;
     chi::FutureParts p;
-    chi::ClientRuntime *client;
+    chi::Client *client;
     chi::Runtime *e = nullptr;
     if (chi_status_t s = resolve_future(rt, future, &exec, &p, &client, &e); s != CHI_OK) return s;
     if (client) return client->test(p.slot, p.gen, done);
@@ -333,7 +333,7 @@ CHI_API chi_status_t chi_release(chi_runtime_t *rt, chi_future_t future) {
     CHI_HANDLE(rt);
     chi::Executor *exec = nullptr;
     chi::FutureParts p;
-    chi::ClientRuntime *client;
+    chi::Client *client;
     chi::Runtime *e = nullptr;
     if (chi_status_t s = resolve_future(rt, future, &exec, &p, &client, &e); s != CHI_OK) return s;
     if (client) return client->release(p.slot, p.gen);
@@ -487,9 +487,8 @@ CHI_API chi_status_t chi_server_query(const char *address, const char *request, 
     else if (req == "status-json") op = chi::ipc::Op::kStatus, flags = 1;
     else if (req == "stop") op = chi::ipc::Op::kStop;
     else return set_error(CHI_ERR_INVALID, "unknown request '%.32s' (ping, status, status-json, stop)", request);
-    std::unique_ptr<chi::ClientRuntime> c;
-    if (chi_status_t s = chi::ClientRuntime::connect_control(address ? address : "", &c); s != CHI_OK)
-      return s;
+    std::unique_ptr<chi::Client> c;
+    if (chi_status_t s = chi::connect_control(address ? address : "", &c); s != CHI_OK) return s;
     std::string buf(chi::ipc::kMaxMsgPayload, '\0');
     uint32_t n = 0;
     if (chi_status_t s = c->control(op, flags, nullptr, 0, buf.data(), uint32_t(buf.size()), &n); s != CHI_OK)

@@ -129,7 +129,7 @@ bool valid_address(const std::string &a) {
   return false;
 }
 
-enum class Kind { kInt, kBool, kLogLevel, kMode, kAddress, kPathList, kAddressList };
+enum class Kind { kInt, kBool, kLogLevel, kMode, kAddress, kPathList, kAddressList, kString };
 
 struct Value {
   int64_t i = 0;
@@ -171,6 +171,14 @@ const Setting kSettings[] = {
      [](Config &c, const Value &v) { c.server_address = v.s; }},
     {"disconnect_check_ms", "CHI_DISCONNECT_CHECK_MS", Kind::kInt, 1, 60000, false,
      [](Config &c, const Value &v) { c.disconnect_check_ms = static_cast<uint32_t>(v.i); }},
+    {"curve_server_key", "CHI_CURVE_SERVER_KEY", Kind::kString, 0, 0, false,
+     [](Config &c, const Value &v) { c.curve_server_key = v.s; }},
+    {"curve_key_file", "CHI_CURVE_KEY_FILE", Kind::kString, 0, 0, false,
+     [](Config &c, const Value &v) { c.curve_key_file = v.s; }},
+    {"server.curve_key_file", "CHI_SERVER_CURVE_KEY_FILE", Kind::kString, 0, 0, false,
+     [](Config &c, const Value &v) { c.server.curve_key_file = v.s; }},
+    {"server.curve_allowed_keys_file", "CHI_SERVER_CURVE_ALLOWED_KEYS_FILE", Kind::kString, 0, 0, false,
+     [](Config &c, const Value &v) { c.server.curve_allowed_keys_file = v.s; }},
     {"server.listen", "CHI_SERVER_LISTEN", Kind::kAddressList, 0, 0, false,
      [](Config &c, const Value &v) { c.server.listen = v.list; }},
     {"server.pollers", "CHI_SERVER_POLLERS", Kind::kInt, 0, 64, false,
@@ -228,6 +236,8 @@ std::string expectation(const Setting &s) {
       return "a list of module paths";
     case Kind::kAddressList:
       return "a list of addresses shm://NAME, ipc://PATH or tcp://HOST:PORT";
+    case Kind::kString:
+      return "a string";
   }
   return "a value";
 }
@@ -254,6 +264,9 @@ bool parse_scalar(const Setting &s, const std::string &text, bool plain, Value *
     case Kind::kAddress:
       v->s = text;
       return text.empty() || valid_address(text);
+    case Kind::kString:
+      v->s = text;
+      return true;
     case Kind::kPathList:
     case Kind::kAddressList:
       return false;

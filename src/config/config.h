@@ -32,6 +32,8 @@ struct ServerConfig {
   uint32_t client_max_in_flight = 0; // server task slots one client may hold; 0: a quarter of queue_depth
   int64_t spin_ns = 50000;           // an idle poller spins this long, then sleeps, 0..1e10
   uint32_t shutdown_timeout_ms = 5000;  // stop: how long running client tasks may finish, 0..3600000
+  std::string curve_key_file;           // tcp:// CURVE: the server's secret key (z85), mode 0600
+  std::string curve_allowed_keys_file;  // tcp:// CURVE: client public keys (z85), one per line
 };
 
 struct Config {
@@ -46,6 +48,8 @@ struct Config {
   LogLevel log_level = LogLevel::kWarn;
   std::vector<std::string> modules;    // shared objects loaded at start-up
   uint32_t disconnect_check_ms = 100;  // client: a waiter rechecks the server this often, 1..60000
+  std::string curve_server_key;        // client, tcp:// CURVE: the server's public key (z85)
+  std::string curve_key_file;          // client, tcp:// CURVE: this client's secret key (z85), mode 0600
   GpuConfig gpu;
   ServerConfig server;
 };

@@ -60,7 +60,7 @@ class Runtime {
 }  // namespace chi
 
 namespace chi {
-class ClientRuntime;
+class Client;
 class Server;
 // Tags of live runtimes (see runtime.cpp): futures carry their runtime's tag.
 uint32_t acquire_tag();
@@ -72,7 +72,7 @@ void release_tag(uint32_t tag);
 struct chi_runtime {
   uint64_t magic;
   chi::Runtime *engine;
-  chi::ClientRuntime *client;
+  chi::Client *client;
   // Servers started on this runtime (chi_server_start), stopped by chi_finalize.
   std::mutex servers_mu;
   std::vector<chi::Server *> servers;

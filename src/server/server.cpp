@@ -18,6 +18,7 @@
 #include "core/log.h"
 #include "core/runtime.h"
 #include "server/session.h"
+#include "server/zmq_listener.h"
 
 namespace chi {
 
@@ -129,10 +130,28 @@ chi_status_t Server::bind_endpoint(const std::string &address, Listener *l) {
 chi_status_t Server::start(Runtime &rt, const std::vector<std::string> &addresses, Server **out) {
   std::unique_ptr<Server> srv(new Server(rt));
   for (const std::string &a : addresses) {
+    if (a.compare(0, 6, "ipc://") == 0 || a.compare(0, 6, "tcp://") == 0) {
+      ZmqListener::Hooks hooks{&srv->clients_, [s = srv.get()](bool json) { return s->status_text(json); },
+                               [s = srv.get()] {
+                                 std::lock_guard<std::mutex> lock(s->stop_mu_);
+                                 s->stop_requested_ = true;
+                                 s->stop_cv_.notify_all();
+                               }};
+      std::unique_ptr<ZmqListener> z;
+      if (chi_status_t st = ZmqListener::open(rt, a, std::move(hooks), &z); st != CHI_OK) {
+        std::string msg = last_error();
+        srv->zmq_.clear();
+        srv->close_listeners();
+        return set_error(st, "%s", msg.c_str());
+      }
+      srv->zmq_.push_back(std::move(z));
+      continue;
+    }
     srv->listeners_.push_back(std::make_unique<Listener>());
     if (chi_status_t s = srv->bind_endpoint(a, srv->listeners_.back().get()); s != CHI_OK) {
       std::string msg = last_error();
       srv->listeners_.pop_back();  // not ours: keep another server's files
+      srv->zmq_.clear();
       srv->close_listeners();
       return set_error(s, "%s", msg.c_str());
     }
@@ -483,6 +502,7 @@ void Server::reclaim() {
 std::string Server::status_text(bool json) {
   std::string addrs;
   for (auto &l : listeners_) addrs += (addrs.empty() ? "shm://" : " shm://") + l->ep.name;
+  for (auto &z : zmq_) addrs += (addrs.empty() ? "" : " ") + z->address();
   chi_stats_t st;
   rt_.read_stats(&st);
   struct Row {
@@ -500,6 +520,10 @@ std::string Server::status_text(bool json) {
         rows.push_back({s->id(), int(s->pid()), unsigned(s->uid()), s->submitted(), s->finished(),
                         s->in_flight()});
   }
+  // ZeroMQ sessions: the peer's pid and uid are not known (-1) off-host.
+  for (auto &z : zmq_)
+    for (const ZmqListener::Row &r : z->rows())
+      rows.push_back({r.id, -1, unsigned(-1), r.submitted, r.finished, r.in_flight});
   static const char *const names[] = {"cpu", "gpu", "client", "reserved"};
   char line[512];
   std::string out;
@@ -585,6 +609,7 @@ chi_status_t Server::stop(uint32_t drain_timeout_ms) {
     for (Session *s : sessions_) s->announce_server_state(ipc::kStopping);
   }
   stopping_.store(true, std::memory_order_seq_cst);
+  for (auto &z : zmq_) z->begin_stop();
   signal_fd(wake_fd_);
   for (auto &p : pollers_) signal_fd(p->wake);
   // 2. Let the tasks that already run finish, within the bound.
@@ -597,6 +622,7 @@ chi_status_t Server::stop(uint32_t drain_timeout_ms) {
       for (Session *s : sessions_) busy += s->in_flight();
       for (Session *s : detached_) busy += s->in_flight();
     }
+    for (auto &z : zmq_) busy += z->in_flight();
     if (busy == 0) break;
     if (now_ns() >= deadline) {
       log(LogLevel::kWarn, "stop: %llu client task(s) still running after %u ms",
@@ -622,6 +648,7 @@ chi_status_t Server::stop(uint32_t drain_timeout_ms) {
     }
     for (Session *s : detached_) s->announce_server_state(ipc::kGone);
   }
+  for (auto &z : zmq_) z->finish();
   for (auto &l : listeners_) log(LogLevel::kInfo, "stopped serving shm://%s", l->ep.name.c_str());
   close_listeners();
   return result;

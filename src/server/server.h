@@ -20,6 +20,7 @@ namespace chi {
 
 class Runtime;
 class Session;
+class ZmqListener;
 
 class Server {
  public:
@@ -53,6 +54,7 @@ class Server {
   Runtime &rt_;
   void close_listeners();
   std::vector<std::unique_ptr<Listener>> listeners_;
+  std::vector<std::unique_ptr<ZmqListener>> zmq_;  // ipc:// and tcp:// endpoints
   int epoll_fd_ = -1;
   int wake_fd_ = -1;  // eventfd: wakes the control thread
   std::thread control_;

@@ -1,4 +1,4 @@
-#include "client/client_runtime.h"
+#include "client/shm_client.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -39,35 +39,25 @@ std::string version_text(uint32_t v) {
 
 }  // namespace
 
-ClientRuntime::~ClientRuntime() {
-  if (local_) local_->shutdown();
-  local_.reset();
+ShmClient::~ShmClient() {
+  shutdown_local();
   if (seg_.base) munmap(seg_.base, seg_.layout.size);
   if (memfd_ >= 0) close(memfd_);
   if (doorbell_ >= 0) close(doorbell_);
   if (sock_ >= 0) close(sock_);
-  if (has_tag_) release_tag(tag_);
 }
 
-chi_status_t ClientRuntime::connect(const Config &cfg, std::unique_ptr<ClientRuntime> *out) {
-  std::unique_ptr<ClientRuntime> c(new ClientRuntime());
+chi_status_t ShmClient::connect(const Config &cfg, bool control, std::unique_ptr<Client> *out) {
+  std::unique_ptr<ShmClient> c(new ShmClient());
   c->cfg_ = cfg;
-  c->tag_ = acquire_tag();
-  c->has_tag_ = true;
-  if (chi_status_t s = c->handshake(cfg.server_address, ipc::kSessionTasks); s != CHI_OK) return s;
+  if (chi_status_t s = c->handshake(cfg.server_address, control ? ipc::kSessionControl : ipc::kSessionTasks);
+      s != CHI_OK)
+    return s;
   *out = std::move(c);
   return CHI_OK;
 }
 
-chi_status_t ClientRuntime::connect_control(const std::string &address,
-                                            std::unique_ptr<ClientRuntime> *out) {
-  std::unique_ptr<ClientRuntime> c(new ClientRuntime());
-  if (chi_status_t s = c->handshake(address, ipc::kSessionControl); s != CHI_OK) return s;
-  *out = std::move(c);
-  return CHI_OK;
-}
-
-chi_status_t ClientRuntime::handshake(const std::string &address, uint32_t kind) {
+chi_status_t ShmClient::handshake(const std::string &address, uint32_t kind) {
   ipc::Endpoint ep;
   if (chi_status_t s = ipc::resolve_endpoint(address, &ep); s != CHI_OK) return s;
   address_ = "shm://" + ep.name;
@@ -125,7 +115,7 @@ chi_status_t ClientRuntime::handshake(const std::string &address, uint32_t kind)
       sh->max_payload != w.max_payload)
     return set_error(CHI_ERR_PROTOCOL, "%s sent a session segment with a bad header", address_.c_str());
   gpus_ = w.gpus;
-  method_limit_.store(w.method_limit, std::memory_order_relaxed);
+  note_method_limit(w.method_limit);
   mine_.reset(new std::atomic<uint32_t>[w.nslots]);
   for (uint32_t i = 0; i < w.nslots; ++i) mine_[i].store(word(0, kFree), std::memory_order_relaxed);
   free_.init(w.nslots);
@@ -135,12 +125,12 @@ chi_status_t ClientRuntime::handshake(const std::string &address, uint32_t kind)
   return CHI_OK;
 }
 
-chi_status_t ClientRuntime::disconnected(const char *where) {
+chi_status_t ShmClient::disconnected(const char *where) {
   gone_.store(true, std::memory_order_release);
   return set_error(CHI_ERR_DISCONNECTED, "%s: the server %s is gone", where, address_.c_str());
 }
 
-bool ClientRuntime::server_alive() {
+bool ShmClient::server_alive() {
   if (gone_.load(std::memory_order_acquire)) return false;
   if (seg_.base && seg_.header()->server_state.load(std::memory_order_acquire) == ipc::kGone) {
     gone_.store(true, std::memory_order_release);
@@ -154,7 +144,7 @@ bool ClientRuntime::server_alive() {
   return true;
 }
 
-chi_status_t ClientRuntime::control(ipc::Op op, uint16_t flags, const void *payload, uint32_t length,
+chi_status_t ShmClient::control(ipc::Op op, uint16_t flags, const void *payload, uint32_t length,
                                     void *reply, uint32_t capacity, uint32_t *reply_length) {
   std::lock_guard<std::mutex> lock(control_mu_);
   if (gone_.load(std::memory_order_acquire)) return disconnected("request");
@@ -179,74 +169,7 @@ chi_status_t ClientRuntime::control(ipc::Op op, uint16_t flags, const void *payl
   return CHI_OK;
 }
 
-chi_status_t ClientRuntime::local(bool create, Runtime **rt) {
-  std::lock_guard<std::mutex> lock(local_mu_);
-  if (!local_ && create) {
-    Config c = cfg_;
-    c.mode = CHI_MODE_EMBEDDED;
-    c.gpu.devices = 0;
-    c.modules.clear();
-    if (c.workers == 0) c.workers = 2;  // a client's own handlers: a small pool
-    auto r = std::make_unique<Runtime>(std::move(c));
-    if (chi_status_t s = r->start(); s != CHI_OK) return s;
-    local_ = std::move(r);
-  }
-  *rt = local_.get();
-  return *rt ? CHI_OK : set_error(CHI_ERR_NOT_FOUND, "this client has no local handlers");
-}
-
-chi_status_t ClientRuntime::lookup(const char *name, chi_method_t *method) {
-  if (Runtime *l = local_if_any()) {
-    chi_method_t id;
-    if (l->registry().lookup(name, &id) == CHI_OK && id > CHI_METHOD_CHECKSUM) {
-      *method = id | kLocalMethodBit;
-      return CHI_OK;
-    }
-  }
-  if (chi_status_t s = check_method_name(name); s != CHI_OK) return s;
-  ipc::MethodReply r{};
-  uint32_t n = 0;
-  if (chi_status_t s = control(ipc::Op::kLookup, 0, name, uint32_t(std::strlen(name)), &r, sizeof r, &n);
-      s != CHI_OK)
-    return s;
-  if (n < sizeof r || r.method == 0 || (r.method & kLocalMethodBit))
-    return set_error(CHI_ERR_PROTOCOL, "%s answered a lookup with a bad method id", address_.c_str());
-  *method = r.method;
-  uint32_t lim = method_limit_.load(std::memory_order_relaxed);
-  while (r.method >= lim && !method_limit_.compare_exchange_weak(lim, r.method + 1)) {
-  }
-  return CHI_OK;
-}
-
-chi_status_t ClientRuntime::register_handler(const char *name, chi_handler_t fn, void *user_data,
-                                             chi_method_t *method) {
-  if (chi_status_t s = check_method_name(name); s != CHI_OK) return s;
-  if (!fn) return set_error(CHI_ERR_INVALID, "handler is NULL");
-  chi_method_t server_id;
-  chi_status_t s = lookup(name, &server_id);
-  if (s == CHI_OK && !(server_id & kLocalMethodBit))
-    return set_error(CHI_ERR_INVALID, "method '%s' is registered in the server %s", name, address_.c_str());
-  if (s != CHI_OK && s != CHI_ERR_NOT_FOUND) return s;
-  Runtime *l;
-  if (chi_status_t ls = local(true, &l); ls != CHI_OK) return ls;
-  chi_method_t id;
-  if (chi_status_t rs = l->registry().add_cpu(name, fn, user_data, &id); rs != CHI_OK) return rs;
-  if (method) *method = id | kLocalMethodBit;
-  return CHI_OK;
-}
-
-chi_status_t ClientRuntime::stats(chi_stats_t *out) {
-  chi_stats_t st;
-  uint32_t n = 0;
-  if (chi_status_t s = control(ipc::Op::kStats, 0, nullptr, 0, &st, sizeof st, &n); s != CHI_OK) return s;
-  if (n < sizeof st) return set_error(CHI_ERR_PROTOCOL, "%s sent short statistics", address_.c_str());
-  size_t keep = std::min(out->struct_size, sizeof st);
-  st.struct_size = out->struct_size;
-  std::memcpy(out, &st, keep);
-  return CHI_OK;
-}
-
-void ClientRuntime::reap_orphans() {
+void ShmClient::reap_orphans() {
   if (!orphans_.load(std::memory_order_acquire)) return;
   for (uint32_t i = 0; i < seg_.layout.nslots; ++i) {
     uint32_t w = mine_[i].load(std::memory_order_acquire);
@@ -260,7 +183,7 @@ void ClientRuntime::reap_orphans() {
   }
 }
 
-bool ClientRuntime::acquire_slot(uint32_t *slot) {
+bool ShmClient::acquire_slot(uint32_t *slot) {
   if (free_.pop(slot)) return true;
   reap_orphans();
   if (free_.pop(slot)) return true;
@@ -282,7 +205,7 @@ bool ClientRuntime::acquire_slot(uint32_t *slot) {
   }
 }
 
-void ClientRuntime::free_slot(uint32_t slot) {
+void ShmClient::free_slot(uint32_t slot) {
   uint32_t w = mine_[slot].load(std::memory_order_relaxed);
   mine_[slot].store(word(gen_of(w), kFree), std::memory_order_release);
   free_.push(slot);
@@ -293,33 +216,15 @@ void ClientRuntime::free_slot(uint32_t slot) {
   }
 }
 
-chi_status_t ClientRuntime::submit(chi_route_t route, chi_method_t method, const void *input,
+chi_status_t ShmClient::submit(chi_route_t route, chi_method_t method, const void *input,
                                    size_t input_size, chi_future_t *future) {
   uint32_t state = seg_.header()->server_state.load(std::memory_order_acquire);
   if (gone_.load(std::memory_order_acquire) || state == ipc::kGone) return disconnected("chi_submit");
   if (state == ipc::kStopping) return set_error(CHI_ERR_SHUTDOWN, "the server %s is stopping", address_.c_str());
-  if (route < CHI_ROUTE_LOCAL) return set_error(CHI_ERR_INVALID, "unknown route %d", route);
-  if (route >= 0 || route == CHI_ROUTE_GPU_ANY) {
-    if (gpus_ == 0)
-      return set_error(CHI_ERR_NO_DEVICE, "route %d needs a GPU and the server %s has none", route,
-                       address_.c_str());
-    if (route >= gpus_)
-      return set_error(CHI_ERR_INVALID, "GPU %d out of range: the server drives %d GPU(s)", route, gpus_);
-  }
-  if (method == 0 || method >= method_limit_.load(std::memory_order_relaxed)) {
-    // Modules may have registered methods since we connected: ask once.
-    ipc::MethodReply r{};
-    uint32_t n = 0;
-    if (method != 0 && control(ipc::Op::kMethodLimit, 0, nullptr, 0, &r, sizeof r, &n) == CHI_OK &&
-        n >= sizeof r && r.method <= ipc::kMaxMsgPayload * 64)
-      method_limit_.store(r.method, std::memory_order_relaxed);
+  if (chi_status_t s = check_submit(route, method, input_size, seg_.layout.max_payload); s != CHI_OK) {
     if (gone_.load(std::memory_order_acquire)) return disconnected("chi_submit");
-    if (method == 0 || method >= method_limit_.load(std::memory_order_relaxed))
-      return set_error(CHI_ERR_INVALID, "method %u was never registered", method);
+    return s;
   }
-  if (input_size > seg_.layout.max_payload)
-    return set_error(CHI_ERR_TOO_LARGE, "input of %zu bytes over the server's max_inline_payload %u",
-                     input_size, seg_.layout.max_payload);
   uint32_t slot;
   if (!acquire_slot(&slot)) {
     if (gone_.load(std::memory_order_acquire)) return disconnected("chi_submit");
@@ -362,7 +267,7 @@ chi_status_t ClientRuntime::submit(chi_route_t route, chi_method_t method, const
   return CHI_OK;
 }
 
-chi_status_t ClientRuntime::check(uint32_t slot, uint32_t gen) const {
+chi_status_t ShmClient::check(uint32_t slot, uint32_t gen) const {
   if (slot >= seg_.layout.nslots) return set_error(CHI_ERR_INVALID, "unknown future (slot %u)", slot);
   uint32_t w = mine_[slot].load(std::memory_order_acquire);
   if (gen_of(w) != gen || st_of(w) != kPending)
@@ -370,7 +275,7 @@ chi_status_t ClientRuntime::check(uint32_t slot, uint32_t gen) const {
   return CHI_OK;
 }
 
-chi_status_t ClientRuntime::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, void *output,
+chi_status_t ShmClient::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, void *output,
                                  size_t output_capacity, size_t *output_size) {
   if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
   ipc::SlotHeader *h = seg_.slot(slot);
@@ -425,7 +330,7 @@ chi_status_t ClientRuntime::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns
   return status;
 }
 
-chi_status_t ClientRuntime::test(uint32_t slot, uint32_t gen, int *done) {
+chi_status_t ShmClient::test(uint32_t slot, uint32_t gen, int *done) {
   if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
   uint32_t w = seg_.slot(slot)->state.load(std::memory_order_acquire);
   *done = (w & ~ipc::kSlotSleeper) == ipc::slot_word(gen, ipc::kSlotDone);
@@ -433,7 +338,7 @@ chi_status_t ClientRuntime::test(uint32_t slot, uint32_t gen, int *done) {
   return CHI_OK;
 }
 
-chi_status_t ClientRuntime::release(uint32_t slot, uint32_t gen) {
+chi_status_t ShmClient::release(uint32_t slot, uint32_t gen) {
   if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
   uint32_t mw = word(gen, kPending);
   if (!mine_[slot].compare_exchange_strong(mw, word(gen, kOrphan), std::memory_order_acq_rel))

@@ -1,0 +1,136 @@
+#include "client/client.h"
+
+#include <cstring>
+
+#include "api/error.h"
+#include "core/runtime.h"
+#include "client/shm_client.h"
+#include "client/zmq_client.h"
+
+namespace chi {
+
+Client::Client() : tag_(acquire_tag()) {}
+
+Client::~Client() {
+  shutdown_local();
+  release_tag(tag_);
+}
+
+void Client::shutdown_local() {
+  std::lock_guard<std::mutex> lock(local_mu_);
+  if (local_) local_->shutdown();
+  local_.reset();
+}
+
+chi_status_t Client::local(bool create, Runtime **rt) {
+  std::lock_guard<std::mutex> lock(local_mu_);
+  if (!local_ && create) {
+    Config c = cfg_;
+    c.mode = CHI_MODE_EMBEDDED;
+    c.gpu.devices = 0;
+    c.modules.clear();
+    if (c.workers == 0) c.workers = 2;  // a client's own handlers: a small pool
+    auto r = std::make_unique<Runtime>(std::move(c));
+    if (chi_status_t s = r->start(); s != CHI_OK) return s;
+    local_ = std::move(r);
+  }
+  *rt = local_.get();
+  return *rt ? CHI_OK : set_error(CHI_ERR_NOT_FOUND, "this client has no local handlers");
+}
+
+void Client::note_method_limit(uint32_t limit) {
+  uint32_t lim = method_limit_.load(std::memory_order_relaxed);
+  while (limit > lim && !method_limit_.compare_exchange_weak(lim, limit)) {
+  }
+}
+
+chi_status_t Client::lookup(const char *name, chi_method_t *method) {
+  if (Runtime *l = local_if_any()) {
+    chi_method_t id;
+    if (l->registry().lookup(name, &id) == CHI_OK && id > CHI_METHOD_CHECKSUM) {
+      *method = id | kLocalMethodBit;
+      return CHI_OK;
+    }
+  }
+  if (chi_status_t s = check_method_name(name); s != CHI_OK) return s;
+  ipc::MethodReply r{};
+  uint32_t n = 0;
+  if (chi_status_t s = control(ipc::Op::kLookup, 0, name, uint32_t(std::strlen(name)), &r, sizeof r, &n);
+      s != CHI_OK)
+    return s;
+  if (n < sizeof r || r.method == 0 || (r.method & kLocalMethodBit))
+    return set_error(CHI_ERR_PROTOCOL, "%s answered a lookup with a bad method id", address_.c_str());
+  *method = r.method;
+  note_method_limit(r.method + 1);
+  return CHI_OK;
+}
+
+chi_status_t Client::register_handler(const char *name, chi_handler_t fn, void *user_data,
+                                      chi_method_t *method) {
+  if (chi_status_t s = check_method_name(name); s != CHI_OK) return s;
+  if (!fn) return set_error(CHI_ERR_INVALID, "handler is NULL");
+  chi_method_t server_id;
+  chi_status_t s = lookup(name, &server_id);
+  if (s == CHI_OK && !(server_id & kLocalMethodBit))
+    return set_error(CHI_ERR_INVALID, "method '%s' is registered in the server %s", name, address_.c_str());
+  if (s != CHI_OK && s != CHI_ERR_NOT_FOUND) return s;
+  Runtime *l;
+  if (chi_status_t ls = local(true, &l); ls != CHI_OK) return ls;
+  chi_method_t id;
+  if (chi_status_t rs = l->registry().add_cpu(name, fn, user_data, &id); rs != CHI_OK) return rs;
+  if (method) *method = id | kLocalMethodBit;
+  return CHI_OK;
+}
+
+chi_status_t Client::stats(chi_stats_t *out) {
+  chi_stats_t st;
+  uint32_t n = 0;
+  if (chi_status_t s = control(ipc::Op::kStats, 0, nullptr, 0, &st, sizeof st, &n); s != CHI_OK) return s;
+  if (n < sizeof st) return set_error(CHI_ERR_PROTOCOL, "%s sent short statistics", address_.c_str());
+  size_t keep = std::min(out->struct_size, sizeof st);
+  st.struct_size = out->struct_size;
+  std::memcpy(out, &st, keep);
+  return CHI_OK;
+}
+
+chi_status_t Client::check_submit(chi_route_t route, chi_method_t method, size_t input_size,
+                                  uint32_t max_payload) {
+  if (route < CHI_ROUTE_LOCAL) return set_error(CHI_ERR_INVALID, "unknown route %d", route);
+  if (route >= 0 || route == CHI_ROUTE_GPU_ANY) {
+    if (gpus_ == 0)
+      return set_error(CHI_ERR_NO_DEVICE, "route %d needs a GPU and the server %s has none", route,
+                       address_.c_str());
+    if (route >= gpus_)
+      return set_error(CHI_ERR_INVALID, "GPU %d out of range: the server drives %d GPU(s)", route, gpus_);
+  }
+  if (method == 0 || method >= method_limit_.load(std::memory_order_relaxed)) {
+    // Modules may have registered methods since we connected: ask once.
+    ipc::MethodReply r{};
+    uint32_t n = 0;
+    if (method != 0 && control(ipc::Op::kMethodLimit, 0, nullptr, 0, &r, sizeof r, &n) == CHI_OK &&
+        n >= sizeof r && !(r.method & kLocalMethodBit))
+      note_method_limit(r.method);
+    if (method == 0 || method >= method_limit_.load(std::memory_order_relaxed))
+      return set_error(CHI_ERR_INVALID, "method %u was never registered", method);
+  }
+  if (input_size > max_payload)
+    return set_error(CHI_ERR_TOO_LARGE, "input of %zu bytes over the server's max_inline_payload %u",
+                     input_size, max_payload);
+  return CHI_OK;
+}
+
+chi_status_t connect_client(const Config &cfg, std::unique_ptr<Client> *out) {
+  const std::string &a = cfg.server_address;
+  if (a.compare(0, 6, "ipc://") == 0 || a.compare(0, 6, "tcp://") == 0) return ZmqClient::connect(cfg, false, out);
+  return ShmClient::connect(cfg, false, out);
+}
+
+chi_status_t connect_control(const std::string &address, std::unique_ptr<Client> *out) {
+  Config cfg;
+  cfg.server_address = address;
+  if (address.compare(0, 6, "ipc://") == 0 || address.compare(0, 6, "tcp://") == 0)
+    return ZmqClient::connect(cfg, true, out);
+  return ShmClient::connect(cfg, true, out);
+}
+
+}  // namespace chi

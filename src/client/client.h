@@ -1,0 +1,80 @@
+// A runtime that is a client of a chimaera-server: the calls of the embedded
+// engine, carried by a transport (shm_client.h: shared memory; zmq_client.h:
+// ZeroMQ ipc:// and tcp://).  What every transport shares lives here: the
+// runtime tag of its futures, method lookups, and the local pool that runs
+// the client's own handlers (docs/server.md, "What a client gets").
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "chimaera.h"
+#include "config/config.h"
+#include "ipc/wire.h"
+
+namespace chi {
+
+class Runtime;
+
+// Method ids of a client's own handlers carry this bit; the server's ids never do.
+constexpr chi_method_t kLocalMethodBit = 0x40000000u;
+// Pool number of a client future (the local pool's futures carry its own tag).
+constexpr uint32_t kClientPool = 0xFE;
+
+class Client {
+ public:
+  virtual ~Client();
+
+  uint32_t tag() const { return tag_; }
+  int32_t gpus() const { return gpus_; }
+
+  virtual chi_status_t submit(chi_route_t route, chi_method_t method, const void *input,
+                              size_t input_size, chi_future_t *future) = 0;
+  virtual chi_status_t wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, void *output,
+                            size_t output_capacity, size_t *output_size) = 0;
+  virtual chi_status_t test(uint32_t slot, uint32_t gen, int *done) = 0;
+  virtual chi_status_t release(uint32_t slot, uint32_t gen) = 0;
+  // One control request (lookups, stats, status, ping, stop); replies come in order.
+  virtual chi_status_t control(ipc::Op op, uint16_t flags, const void *payload, uint32_t length,
+                               void *reply, uint32_t capacity, uint32_t *reply_length) = 0;
+
+  // The client's own handlers first, then the server's methods.
+  chi_status_t lookup(const char *name, chi_method_t *method);
+  chi_status_t register_handler(const char *name, chi_handler_t fn, void *user_data,
+                                chi_method_t *method);
+  chi_status_t stats(chi_stats_t *out);
+
+  // The local pool for the client's own handlers, modules and memory
+  // regions (made on first use when create is true).
+  chi_status_t local(bool create, Runtime **rt);
+  Runtime *local_if_any() const { return local_.get(); }
+
+ protected:
+  Client();
+  // Derived destructors call this first: local handlers may still use the transport.
+  void shutdown_local();
+  // chi_submit's checks that need no round trip (method ids refreshed once).
+  chi_status_t check_submit(chi_route_t route, chi_method_t method, size_t input_size,
+                            uint32_t max_payload);
+  void note_method_limit(uint32_t limit);
+
+  Config cfg_;
+  uint32_t tag_ = 0;
+  int32_t gpus_ = 0;
+  std::atomic<uint32_t> method_limit_{0};
+  std::string address_;
+
+ private:
+  std::mutex local_mu_;
+  std::unique_ptr<Runtime> local_;
+};
+
+// Connects by the scheme of cfg.server_address: shm:// (or empty: the
+// default server), ipc:// or tcp://.
+chi_status_t connect_client(const Config &cfg, std::unique_ptr<Client> *out);
+// An administrative session (chimaera-ctl): control requests only.
+chi_status_t connect_control(const std::string &address, std::unique_ptr<Client> *out);
+
+}  // namespace chi

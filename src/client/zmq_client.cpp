@@ -1,0 +1,531 @@
+#include "client/zmq_client.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "api/error.h"
+#include "core/executor.h"
+#include "core/futex.h"
+#include "core/log.h"
+#include "ipc/curve.h"
+#include "ipc/frame.h"
+
+namespace chi {
+
+namespace {
+
+// Private slot states.
+enum : uint32_t { kFree = 0, kPending = 1, kDone = 2, kOrphan = 3, kClaimed = 4, kMask = 0x7F, kSleeper = 0x80 };
+inline uint32_t word(uint32_t gen, uint32_t st) { return (gen << 8) | st; }
+inline uint32_t gen_of(uint32_t w) { return w >> 8; }
+inline uint32_t st_of(uint32_t w) { return w & kMask; }
+
+constexpr uint64_t kControlBit = 1ull << 63;
+constexpr int kConnectTimeoutMs = 5000;
+constexpr int kControlTimeoutMs = 10000;
+constexpr unsigned kPollsPerClockRead = 32;
+
+std::string version_text(uint32_t v) {
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
+}  // namespace
+
+ZmqClient::~ZmqClient() {
+  shutdown_local();
+  if (io_.joinable()) {
+    if (!gone_.load(std::memory_order_acquire)) {
+      // Tell the server this session ends (best effort, never blocking).
+      std::lock_guard<std::mutex> lock(out_mu_);
+      ipc::Frame bye;
+      bye.kind = ipc::Kind::kBye;
+      ipc::encode_frame(bye, &out_control_);
+    }
+    wake_io();
+    quit_.store(true, std::memory_order_release);
+    wake_io();
+    io_.join();
+  }
+  if (monitor_) zmq_close(monitor_);
+  if (dealer_) zmq_close(dealer_);
+  if (ctx_) zmq_ctx_term(ctx_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+chi_status_t ZmqClient::connect(const Config &cfg, bool control, std::unique_ptr<Client> *out) {
+  std::unique_ptr<ZmqClient> c(new ZmqClient());
+  c->cfg_ = cfg;
+  c->address_ = cfg.server_address;
+  if (chi_status_t s = c->open(control); s != CHI_OK) return s;
+  *out = std::move(c);
+  return CHI_OK;
+}
+
+chi_status_t ZmqClient::open(bool control) {
+  const std::string &a = address_;
+  if (a.compare(0, 6, "ipc://") == 0) {
+    struct stat st;
+    if (stat(a.c_str() + 6, &st) != 0)
+      return set_error(CHI_ERR_DISCONNECTED, "no chimaera-server at %s (%s); start one with "
+                       "chimaera-server --listen %s", a.c_str(), strerror(errno), a.c_str());
+  }
+  ctx_ = zmq_ctx_new();
+  if (!ctx_) return set_error(CHI_ERR_NOMEM, "zmq_ctx_new failed");
+  zmq_ctx_set(ctx_, ZMQ_IO_THREADS, 1);
+  dealer_ = zmq_socket(ctx_, ZMQ_DEALER);
+  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (!dealer_ || wake_fd_ < 0) return set_error(CHI_ERR_INTERNAL, "cannot make a zmq socket: %s", zmq_strerror(errno));
+  int zero = 0, hwm = 4096;
+  int ivl = int(std::max<uint32_t>(cfg_.disconnect_check_ms, 10));
+  int hb_timeout = 3 * ivl;
+  zmq_setsockopt(dealer_, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_setsockopt(dealer_, ZMQ_SNDHWM, &hwm, sizeof hwm);
+  zmq_setsockopt(dealer_, ZMQ_RCVHWM, &hwm, sizeof hwm);
+  zmq_setsockopt(dealer_, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl);
+  zmq_setsockopt(dealer_, ZMQ_HEARTBEAT_TIMEOUT, &hb_timeout, sizeof hb_timeout);
+  // A session never survives a reconnection (the server forgets it): no retries.
+  int no_reconnect = -1;
+  zmq_setsockopt(dealer_, ZMQ_RECONNECT_IVL, &no_reconnect, sizeof no_reconnect);
+  if (!cfg_.curve_server_key.empty()) {
+    if (a.compare(0, 6, "tcp://") != 0)
+      return set_error(CHI_ERR_CONFIG, "curve_server_key is for tcp:// addresses, not %s", a.c_str());
+    if (!ipc::is_z85_key(cfg_.curve_server_key))
+      return set_error(CHI_ERR_CONFIG, "curve_server_key is not a z85 public key (40 characters)");
+    if (cfg_.curve_key_file.empty())
+      return set_error(CHI_ERR_CONFIG, "curve_server_key is set but curve_key_file (this client's secret key) is not");
+    std::string secret;
+    if (chi_status_t s = ipc::read_secret_key(cfg_.curve_key_file, &secret); s != CHI_OK) return s;
+    char pub[41];
+    if (zmq_curve_public(pub, secret.c_str()) != 0)
+      return set_error(CHI_ERR_CONFIG, "%s: not a CURVE secret key", cfg_.curve_key_file.c_str());
+    zmq_setsockopt(dealer_, ZMQ_CURVE_SERVERKEY, cfg_.curve_server_key.c_str(), 40);
+    zmq_setsockopt(dealer_, ZMQ_CURVE_PUBLICKEY, pub, 40);
+    zmq_setsockopt(dealer_, ZMQ_CURVE_SECRETKEY, secret.c_str(), 40);
+  }
+  std::string mon = "inproc://chimaera-monitor";
+  if (zmq_socket_monitor(dealer_, mon.c_str(),
+                         ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_CLOSED |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                             ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0)
+    return set_error(CHI_ERR_INTERNAL, "zmq_socket_monitor: %s", zmq_strerror(errno));
+  monitor_ = zmq_socket(ctx_, ZMQ_PAIR);
+  zmq_connect(monitor_, mon.c_str());
+  if (zmq_connect(dealer_, a.c_str()) != 0)
+    return set_error(CHI_ERR_INVALID, "cannot connect to %s: %s", a.c_str(), zmq_strerror(errno));
+  try {
+    io_ = std::thread(&ZmqClient::io_main, this);
+  } catch (const std::exception &e) {
+    return set_error(CHI_ERR_NOMEM, "cannot start the client's I/O thread: %s", e.what());
+  }
+  // The handshake is a control exchange: Hello out, Welcome back.
+  ipc::Hello hello{ipc::kProtocolVersion, CHI_VERSION_NUMBER, control ? ipc::kSessionControl : ipc::kSessionTasks, 0};
+  // The reply slot is armed before the request can leave.
+  const uint64_t id = kControlBit | next_control_id_++;
+  {
+    std::lock_guard<std::mutex> lock(reply_mu_);
+    ctl_ = Control{};
+    ctl_.id = id;
+  }
+  {
+    std::lock_guard<std::mutex> lock(out_mu_);
+    ipc::Frame f;
+    f.kind = ipc::Kind::kHello;
+    f.id = id;
+    f.payload = reinterpret_cast<const uint8_t *>(&hello);
+    f.size = sizeof hello;
+    ipc::encode_frame(f, &out_control_);
+  }
+  wake_io();
+  std::unique_lock<std::mutex> lock(reply_mu_);
+  reply_cv_.wait_for(lock, std::chrono::milliseconds(kConnectTimeoutMs),
+                     [&] { return ctl_.done || gone_.load(std::memory_order_acquire); });
+  if (!ctl_.done) {
+    if (gone_.load(std::memory_order_acquire))
+      return set_error(connect_failure_.find("CURVE") != std::string::npos ? CHI_ERR_PERMISSION
+                                                                            : CHI_ERR_DISCONNECTED,
+                       "cannot connect to %s: %s", a.c_str(), gone_why_.c_str());
+    return set_error(CHI_ERR_DISCONNECTED, "no chimaera-server answered at %s within %d ms", a.c_str(),
+                     kConnectTimeoutMs);
+  }
+  ipc::Welcome w{};
+  if (ctl_.payload.size() < sizeof w)
+    return set_error(CHI_ERR_PROTOCOL, "%s answered the handshake with something else", a.c_str());
+  std::memcpy(&w, ctl_.payload.data(), sizeof w);
+  if (ctl_.status != CHI_OK)
+    return set_error(ctl_.status, "%s refused the connection: %s", a.c_str(), ctl_.payload.c_str() + sizeof w);
+  if (w.protocol != ipc::kProtocolVersion || w.library_version / 100 != CHI_VERSION_NUMBER / 100)
+    return set_error(CHI_ERR_PROTOCOL, "version mismatch: client library %s protocol %u, server library %s protocol %u",
+                     version_text(CHI_VERSION_NUMBER).c_str(), ipc::kProtocolVersion,
+                     version_text(w.library_version).c_str(), w.protocol);
+  if (control) return CHI_OK;
+  if (w.nslots < 2 || (w.nslots & (w.nslots - 1)) || w.nslots > (1u << 16) || w.max_payload > ipc::kMaxFramePayload)
+    return set_error(CHI_ERR_PROTOCOL, "%s sent a malformed session shape", a.c_str());
+  nslots_ = w.nslots;
+  max_payload_ = w.max_payload;
+  gpus_ = w.gpus;
+  note_method_limit(w.method_limit);
+  slots_.reset(new Slot[nslots_]);
+  free_.init(nslots_);
+  for (uint32_t i = nslots_; i-- > 0;) free_.push(i);
+  out_slots_.reserve(nslots_);
+  log(LogLevel::kInfo, "connected to %s as session %u (%u slots, %u-byte payloads, %d GPU(s))", a.c_str(),
+      w.session_id, nslots_, max_payload_, gpus_);
+  return CHI_OK;
+}
+
+void ZmqClient::wake_io() {
+  uint64_t one = 1;
+  ssize_t r = write(wake_fd_, &one, sizeof one);
+  (void)r;
+}
+
+void ZmqClient::mark_gone(const char *why) {
+  {
+    std::lock_guard<std::mutex> lock(reply_mu_);
+    if (!gone_.load(std::memory_order_relaxed)) gone_why_ = why;
+    gone_.store(true, std::memory_order_release);
+  }
+  reply_cv_.notify_all();
+  // Wake every sleeping waiter: their calls answer DISCONNECTED now.
+  for (uint32_t i = 0; i < nslots_; ++i)
+    if (slots_[i].word.load(std::memory_order_relaxed) & kSleeper) futex_wake(&slots_[i].word);
+  free_seq_.fetch_add(1, std::memory_order_release);
+  futex_wake(&free_seq_);
+}
+
+chi_status_t ZmqClient::disconnected(const char *where) {
+  std::lock_guard<std::mutex> lock(reply_mu_);
+  return set_error(CHI_ERR_DISCONNECTED, "%s: the server %s is gone (%s)", where, address_.c_str(),
+                   gone_why_.c_str());
+}
+
+void ZmqClient::io_main() {
+  zmq_pollitem_t items[3] = {{dealer_, 0, ZMQ_POLLIN, 0}, {nullptr, wake_fd_, ZMQ_POLLIN, 0}, {monitor_, 0, ZMQ_POLLIN, 0}};
+  while (!quit_.load(std::memory_order_acquire)) {
+    items[0].events = short(ZMQ_POLLIN | (backlog_.empty() ? 0 : ZMQ_POLLOUT));
+    int n = zmq_poll(items, 3, 100);
+    if (n < 0 && zmq_errno() != EINTR) break;
+    if (items[1].revents & ZMQ_POLLIN) {
+      uint64_t v;
+      while (read(wake_fd_, &v, sizeof v) > 0) {
+      }
+    }
+    if (items[2].revents & ZMQ_POLLIN) io_monitor();
+    if (items[0].revents & ZMQ_POLLIN) io_receive();
+    io_send_queued();
+  }
+  // Last words (kBye) go out if they can; LINGER 0 drops the rest.
+  io_send_queued();
+}
+
+void ZmqClient::io_monitor() {
+  for (;;) {
+    zmq_msg_t ev, addr;
+    zmq_msg_init(&ev);
+    if (zmq_msg_recv(&ev, monitor_, ZMQ_DONTWAIT) < 0) {
+      zmq_msg_close(&ev);
+      return;
+    }
+    uint16_t event = 0;
+    if (zmq_msg_size(&ev) >= 2) std::memcpy(&event, zmq_msg_data(&ev), 2);
+    zmq_msg_close(&ev);
+    zmq_msg_init(&addr);
+    zmq_msg_recv(&addr, monitor_, 0);
+    zmq_msg_close(&addr);
+    switch (event) {
+      case ZMQ_EVENT_CONNECT_RETRIED:
+        mark_gone("connection refused");
+        break;
+      case ZMQ_EVENT_DISCONNECTED:
+      case ZMQ_EVENT_CLOSED:
+        if (!quit_.load(std::memory_order_acquire)) mark_gone("connection lost");
+        break;
+      case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
+      case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+      case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        connect_failure_ = "CURVE";
+        mark_gone("the server refused the CURVE handshake (wrong or missing key?)");
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+void ZmqClient::io_send_queued() {
+  // Frames the socket refused earlier go first, in order.
+  while (!backlog_.empty()) {
+    if (zmq_send(dealer_, backlog_.front().data(), backlog_.front().size(), ZMQ_DONTWAIT) < 0) return;
+    backlog_.erase(backlog_.begin());
+  }
+  std::vector<uint32_t> slots;
+  std::string ctl;
+  {
+    std::lock_guard<std::mutex> lock(out_mu_);
+    slots.swap(out_slots_);
+    ctl.swap(out_control_);
+  }
+  auto send_or_keep = [&](std::string &&frame) {
+    if (!backlog_.empty() || zmq_send(dealer_, frame.data(), frame.size(), ZMQ_DONTWAIT) < 0)
+      backlog_.push_back(std::move(frame));  // bounded: at most one frame per slot
+  };
+  if (!ctl.empty()) send_or_keep(std::move(ctl));
+  std::string frame;
+  for (uint32_t i : slots) {
+    Slot &s = slots_[i];
+    ipc::Frame f;
+    f.kind = ipc::Kind::kSubmit;
+    f.id = (uint64_t(gen_of(s.word.load(std::memory_order_acquire))) << 32) | i;
+    f.method = s.method;
+    f.route = s.route;
+    f.payload = s.data.data();
+    f.size = uint32_t(s.data.size());
+    ipc::encode_frame(f, &frame);
+    send_or_keep(std::move(frame));
+    frame.clear();
+  }
+}
+
+void ZmqClient::io_receive() {
+  for (;;) {
+    zmq_msg_t msg;
+    zmq_msg_init(&msg);
+    if (zmq_msg_recv(&msg, dealer_, ZMQ_DONTWAIT) < 0) {
+      zmq_msg_close(&msg);
+      return;
+    }
+    ipc::Frame f;
+    std::string why;
+    if (ipc::decode_frame(zmq_msg_data(&msg), zmq_msg_size(&msg), &f, &why) != CHI_OK) {
+      log(LogLevel::kWarn, "%s sent a malformed frame (%s): session closed", address_.c_str(), why.c_str());
+      zmq_msg_close(&msg);
+      mark_gone("the server sent a malformed frame");
+      return;
+    }
+    if (f.kind == ipc::Kind::kGone) {
+      zmq_msg_close(&msg);
+      mark_gone("the server stopped");
+      return;
+    }
+    if ((f.kind == ipc::Kind::kWelcome || f.kind == ipc::Kind::kControlReply) && (f.id & kControlBit)) {
+      {
+        std::lock_guard<std::mutex> lock(reply_mu_);
+        if (f.id == ctl_.id && !ctl_.done) {
+          ctl_.done = true;
+          ctl_.status = f.status;
+          ctl_.payload.assign(reinterpret_cast<const char *>(f.payload), f.size);
+        }
+      }
+      reply_cv_.notify_all();
+    } else if (f.kind == ipc::Kind::kResult && !(f.id & kControlBit)) {
+      uint32_t i = uint32_t(f.id), gen = uint32_t(f.id >> 32);
+      if (i < nslots_ && f.size <= max_payload_) {
+        Slot &s = slots_[i];
+        uint32_t w = s.word.load(std::memory_order_acquire);
+        if (gen_of(w) == gen && (st_of(w) == kPending || st_of(w) == kOrphan)) {
+          if (st_of(w) == kOrphan) {
+            free_slot(i);  // released before its result came
+          } else {
+            s.data.assign(f.payload, f.payload + f.size);
+            s.status = f.status;
+            uint32_t old = s.word.exchange(word(gen, kDone), std::memory_order_acq_rel);
+            if (old & kSleeper) futex_wake(&s.word);
+          }
+        }
+      }
+    }
+    zmq_msg_close(&msg);
+  }
+}
+
+chi_status_t ZmqClient::control(ipc::Op op, uint16_t flags, const void *payload, uint32_t length, void *reply,
+                                uint32_t capacity, uint32_t *reply_length) {
+  std::lock_guard<std::mutex> serial(control_mu_);
+  if (gone_.load(std::memory_order_acquire)) return disconnected("request");
+  const uint64_t id = kControlBit | next_control_id_++;  // under control_mu_
+  std::unique_lock<std::mutex> lock(reply_mu_);
+  ctl_ = Control{};
+  ctl_.id = id;
+  lock.unlock();
+  {
+    std::lock_guard<std::mutex> out(out_mu_);
+    ipc::Frame f;
+    f.kind = ipc::Kind::kControl;
+    f.id = id;
+    f.method = uint32_t(op);
+    f.route = flags;
+    f.payload = static_cast<const uint8_t *>(payload);
+    f.size = length;
+    ipc::encode_frame(f, &out_control_);
+  }
+  wake_io();
+  lock.lock();
+  if (!reply_cv_.wait_for(lock, std::chrono::milliseconds(kControlTimeoutMs),
+                          [&] { return ctl_.done || gone_.load(std::memory_order_acquire); })) {
+    lock.unlock();
+    mark_gone("a control request went unanswered");
+    return set_error(CHI_ERR_DISCONNECTED, "%s did not answer within %d ms", address_.c_str(), kControlTimeoutMs);
+  }
+  if (!ctl_.done) {
+    lock.unlock();
+    return disconnected("request");
+  }
+  if (ctl_.status != CHI_OK) return set_error(ctl_.status, "%s", ctl_.payload.c_str());
+  uint32_t n = std::min<uint32_t>(uint32_t(ctl_.payload.size()), capacity);
+  if (reply && n) std::memcpy(reply, ctl_.payload.data(), n);
+  if (reply_length) *reply_length = uint32_t(ctl_.payload.size());
+  return CHI_OK;
+}
+
+bool ZmqClient::acquire_slot(uint32_t *slot) {
+  if (free_.pop(slot)) return true;
+  if (!cfg_.submit_blocking) return false;
+  const int64_t deadline = now_ns() + int64_t(cfg_.submit_timeout_ms) * 1000000;
+  for (;;) {
+    free_waiters_.fetch_add(1, std::memory_order_seq_cst);
+    uint32_t seq = free_seq_.load(std::memory_order_seq_cst);
+    bool got = free_.pop(slot);
+    if (!got) {
+      int64_t left = deadline - now_ns();
+      if (left > 0) futex_wait(&free_seq_, seq, left);
+      got = free_.pop(slot);
+    }
+    free_waiters_.fetch_sub(1, std::memory_order_relaxed);
+    if (got) return true;
+    if (now_ns() >= deadline || gone_.load(std::memory_order_acquire)) return false;
+  }
+}
+
+void ZmqClient::free_slot(uint32_t slot) {
+  uint32_t w = slots_[slot].word.load(std::memory_order_relaxed);
+  slots_[slot].word.store(word(gen_of(w), kFree), std::memory_order_release);
+  free_.push(slot);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (free_waiters_.load(std::memory_order_relaxed) > 0) {
+    free_seq_.fetch_add(1, std::memory_order_release);
+    futex_wake(&free_seq_, 1);
+  }
+}
+
+chi_status_t ZmqClient::submit(chi_route_t route, chi_method_t method, const void *input, size_t input_size,
+                               chi_future_t *future) {
+  if (gone_.load(std::memory_order_acquire)) return disconnected("chi_submit");
+  if (chi_status_t s = check_submit(route, method, input_size, max_payload_); s != CHI_OK) {
+    if (gone_.load(std::memory_order_acquire)) return disconnected("chi_submit");
+    return s;
+  }
+  uint32_t i;
+  if (!acquire_slot(&i)) {
+    if (gone_.load(std::memory_order_acquire)) return disconnected("chi_submit");
+    return set_error(CHI_ERR_AGAIN, cfg_.submit_blocking ? "all %u client slots stayed in use for %u ms"
+                                                         : "all %u client slots are in use",
+                     nslots_, cfg_.submit_timeout_ms);
+  }
+  Slot &s = slots_[i];
+  const uint32_t gen = (gen_of(s.word.load(std::memory_order_relaxed)) + 1) & kGenMask;
+  s.method = method;
+  s.route = route;
+  s.data.assign(static_cast<const uint8_t *>(input), static_cast<const uint8_t *>(input) + input_size);
+  s.word.store(word(gen, kPending), std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> lock(out_mu_);
+    out_slots_.push_back(i);
+  }
+  wake_io();
+  *future = encode_future(tag_, kClientPool, gen, i);
+  return CHI_OK;
+}
+
+chi_status_t ZmqClient::check(uint32_t slot, uint32_t gen) const {
+  if (slot >= nslots_) return set_error(CHI_ERR_INVALID, "unknown future (slot %u)", slot);
+  uint32_t w = slots_[slot].word.load(std::memory_order_acquire);
+  uint32_t st = st_of(w);
+  if (gen_of(w) != gen || (st != kPending && st != kDone))
+    return set_error(CHI_ERR_INVALID, "stale future: already waited on, released or unknown");
+  return CHI_OK;
+}
+
+chi_status_t ZmqClient::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, void *output, size_t output_capacity,
+                             size_t *output_size) {
+  if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
+  Slot &s = slots_[slot];
+  const int64_t start = now_ns();
+  const int64_t spin_end = start + cfg_.spin_ns;
+  const int64_t slice = int64_t(cfg_.disconnect_check_ms) * 1000000;
+  uint32_t w = s.word.load(std::memory_order_acquire);
+  unsigned polls = 0;
+  while (st_of(w) == kPending && gen_of(w) == gen) {
+    if (++polls % kPollsPerClockRead != 0) {
+      cpu_relax();
+      w = s.word.load(std::memory_order_acquire);
+      continue;
+    }
+    if (gone_.load(std::memory_order_acquire)) return disconnected("chi_wait");
+    int64_t now = now_ns();
+    if (timeout_ns >= 0 && now - start >= timeout_ns)
+      return set_error(CHI_ERR_TIMEOUT, "task not finished within %lld ns", (long long)timeout_ns);
+    if (now < spin_end) {
+      w = s.word.load(std::memory_order_acquire);
+      continue;
+    }
+    uint32_t want = w | kSleeper;
+    if (w != want && !s.word.compare_exchange_strong(w, want, std::memory_order_acq_rel, std::memory_order_acquire))
+      continue;
+    int64_t left = slice;
+    if (timeout_ns >= 0) left = std::min(left, timeout_ns - (now_ns() - start));
+    if (left > 0) futex_wait(&s.word, want, left);
+    w = s.word.load(std::memory_order_acquire);
+  }
+  if (gen_of(w) != gen || st_of(w) != kDone)
+    return set_error(CHI_ERR_INVALID, "stale future: already waited on or released");
+  const size_t size = s.data.size();
+  if (output && output_capacity < size) {
+    if (output_size) *output_size = size;
+    return set_error(CHI_ERR_TOO_LARGE, "output of %zu bytes does not fit a %zu-byte buffer", size, output_capacity);
+  }
+  if (!s.word.compare_exchange_strong(w, word(gen, kClaimed), std::memory_order_acq_rel))
+    return set_error(CHI_ERR_INVALID, "stale future: consumed by another thread");
+  const chi_status_t status = s.status;
+  if (output && size) std::memcpy(output, s.data.data(), size);
+  if (output_size) *output_size = size;
+  free_slot(slot);
+  if (status != CHI_OK) set_error(status, "the server's handler returned %d (%s)", status, chi_status_string(status));
+  return status;
+}
+
+chi_status_t ZmqClient::test(uint32_t slot, uint32_t gen, int *done) {
+  if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
+  *done = st_of(slots_[slot].word.load(std::memory_order_acquire)) == kDone;
+  if (!*done && gone_.load(std::memory_order_acquire)) return disconnected("chi_test");
+  return CHI_OK;
+}
+
+chi_status_t ZmqClient::release(uint32_t slot, uint32_t gen) {
+  if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
+  Slot &s = slots_[slot];
+  uint32_t w = s.word.load(std::memory_order_acquire);
+  for (;;) {
+    if (gen_of(w) != gen) break;
+    uint32_t st = st_of(w);
+    if (st == kPending) {
+      // The I/O thread frees an orphan when its result comes.
+      if (s.word.compare_exchange_weak(w, word(gen, kOrphan) | (w & kSleeper), std::memory_order_acq_rel)) return CHI_OK;
+    } else if (st == kDone) {
+      if (s.word.compare_exchange_weak(w, word(gen, kClaimed), std::memory_order_acq_rel)) {
+        free_slot(slot);
+        return CHI_OK;
+      }
+    } else {
+      break;
+    }
+  }
+  return set_error(CHI_ERR_INVALID, "stale future: already waited on or released");
+}
+
+}  // namespace chi

@@ -1,0 +1,59 @@
+// The ZeroMQ wire format (ipc:// and tcp://): every request and reply is one
+// message part, a fixed 32-byte little-endian header and a payload.  Clients
+// may run on other hosts, so the byte order is fixed.  docs/protocol.md
+// describes it; decode_frame is the only code that reads a peer's bytes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "chimaera.h"
+
+// Hello, Welcome, MethodReply and chi_stats_t travel as their in-memory
+// bytes: fixed-width fields, natural alignment, little-endian on every
+// supported host (x86-64, aarch64).
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire format is little-endian");
+static_assert(sizeof(void *) == 8, "the wire format assumes an LP64 host");
+
+namespace chi::ipc {
+
+constexpr uint32_t kFrameMagic = 0x46494843u;  // "CHIF"
+constexpr uint16_t kFrameVersion = 1;
+constexpr size_t kFrameHeader = 32;
+// The largest payload any frame may carry: a task input or output of the
+// largest max_inline_payload (1 MiB), or a control reply (64 KiB).
+constexpr uint32_t kMaxFramePayload = 1u << 20;
+
+enum class Kind : uint16_t {
+  kHello = 1,         // client -> server: Hello (wire.h)
+  kWelcome = 2,       // server -> client: Welcome, or a refusal (status, message after it)
+  kSubmit = 3,        // client -> server: id, method, route, input
+  kResult = 4,        // server -> client: id, status, output
+  kControl = 5,       // client -> server: id, method = Op, route = flags, payload
+  kControlReply = 6,  // server -> client: id, status, payload
+  kBye = 7,           // client -> server: the client runtime is finalizing
+  kGone = 8,          // server -> client: the server stops; nothing more will come
+};
+
+struct Frame {
+  Kind kind = Kind::kHello;
+  uint64_t id = 0;
+  uint32_t method = 0;
+  int32_t route = 0;
+  int32_t status = 0;
+  const uint8_t *payload = nullptr;  // decode: points into the caller's buffer
+  uint32_t size = 0;
+};
+
+// Writes header and payload (f.size bytes from f.payload) to out.
+void encode_frame(const Frame &f, std::string *out);
+// The same into a buffer of kFrameHeader + f.size bytes.
+void encode_frame(const Frame &f, uint8_t *out);
+
+// Checks and parses one message part: length >= header, magic, version,
+// a known kind, size == length - header, size <= kMaxFramePayload.
+// Returns CHI_OK or CHI_ERR_PROTOCOL with *why set.
+chi_status_t decode_frame(const void *data, size_t length, Frame *f, std::string *why);
+
+}  // namespace chi::ipc
