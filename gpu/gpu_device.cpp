@@ -4,6 +4,7 @@
 #include <sys/prctl.h>
 #include <time.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -40,9 +41,14 @@ void sleep_ns(long ns) {
   nanosleep(&ts, nullptr);
 }
 
-void sleep_until_ns(int64_t t) {
-  timespec ts{time_t(t / 1000000000), long(t % 1000000000)};
-  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) == EINTR) {
+// Sleeps until now_ns() == t, in steps of at most 1 ms while `quit` is false.
+void sleep_until_ns(int64_t t, const std::atomic<bool> &quit) {
+  for (;;) {
+    const int64_t step = std::min<int64_t>(t, now_ns() + 1000000);
+    timespec ts{time_t(step / 1000000000), long(step % 1000000000)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) == EINTR) {
+    }
+    if (step >= t || quit.load(std::memory_order_relaxed)) return;
   }
 }
 
@@ -270,7 +276,7 @@ void GpuDevice::lease_loop() {
     // mu_), it stays as long as kernels use the device routes.
     __atomic_store_n(&host_lease_[1], n + 2, __ATOMIC_RELEASE);
     lock.unlock();
-    if (due - kLeaseWakeEarlyNs > now_ns()) sleep_until_ns(due - kLeaseWakeEarlyNs);
+    if (due - kLeaseWakeEarlyNs > now_ns()) sleep_until_ns(due - kLeaseWakeEarlyNs, lease_quit_);
     // Queue the successor behind launch n: it starts as soon as n ends.
     lock.lock();
     if (lease_quit_.load()) return;
@@ -285,7 +291,7 @@ void GpuDevice::lease_loop() {
     lock.unlock();
     // Wait for launch n to end (about when its lease does): its successor
     // starts then, and that start times the successor's lease.
-    if (due - kLeaseEndSpinNs > now_ns()) sleep_until_ns(due - kLeaseEndSpinNs);
+    if (due - kLeaseEndSpinNs > now_ns()) sleep_until_ns(due - kLeaseEndSpinNs, lease_quit_);
     cudaError_t e;
     for (;;) {
       e = cudaEventQuery(ended_[n & 1]);
