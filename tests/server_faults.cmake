@@ -1,4 +1,12 @@
 # The server and client mode over shared memory: faults, hostile clients,
 # versions and endpoints (test_server.cpp re-executes itself for children).
-chi_add_test(test_server SOURCES test_server.cpp TIMEOUT 300 LABELS server)
+# The same program runs over each transport ($CHI_TEST_TRANSPORT).
+chi_add_test(test_server SOURCES test_server.cpp ${PROJECT_SOURCE_DIR}/src/ipc/frame.cpp TIMEOUT 300
+  LABELS server)
 target_include_directories(test_server PRIVATE ${PROJECT_SOURCE_DIR}/src)
+target_link_libraries(test_server PRIVATE PkgConfig::ZMQ)
+foreach(transport ipc tcp)
+  add_test(NAME test_server_${transport} COMMAND test_server)
+  set_tests_properties(test_server_${transport} PROPERTIES TIMEOUT 300 LABELS server
+    ENVIRONMENT "CHI_TEST_TRANSPORT=${transport}")
+endforeach()

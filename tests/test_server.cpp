@@ -12,6 +12,9 @@
 #include <thread>
 #include <vector>
 
+#include <zmq.h>
+
+#include "ipc/frame.h"
 #include "ipc/segment.h"
 #include "ipc/wire.h"
 
@@ -33,6 +36,9 @@ namespace {
 
 std::string g_self;  // this program, for children
 std::string g_dir;   // private runtime directory
+// The transport under test ($CHI_TEST_TRANSPORT): shm (default), ipc or tcp.
+std::string g_transport = "shm";
+bool file_endpoint() { return g_transport != "tcp"; }
 
 int64_t now_ns() {
   timespec ts;
@@ -42,10 +48,19 @@ int64_t now_ns() {
 
 std::string unique_name(const char *what) {
   static int n = 0;
-  return std::string("shm://") + what + "-" + std::to_string(getpid()) + "-" + std::to_string(++n);
+  std::string name = std::string(what) + "-" + std::to_string(getpid()) + "-" + std::to_string(++n);
+  if (g_transport == "ipc") return "ipc://" + g_dir + "/" + name + ".ipc";
+  // Ports from the pid, so that parallel test programs do not meet.
+  if (g_transport == "tcp") return "tcp://127.0.0.1:" + std::to_string(20000 + (getpid() % 2500) * 16 + n % 16);
+  return "shm://" + name;
 }
 
-std::string socket_path(const std::string &address) { return g_dir + "/" + address.substr(6) + ".sock"; }
+// The file a server's endpoint lives in ("" for tcp://).
+std::string socket_path(const std::string &address) {
+  if (address.compare(0, 6, "ipc://") == 0) return address.substr(6);
+  if (address.compare(0, 6, "tcp://") == 0) return "";
+  return g_dir + "/" + address.substr(6) + ".sock";
+}
 
 // A handler that sleeps for the number of microseconds in its input.
 chi_status_t sleep_handler(chi_request_t *req, void *) {
@@ -135,7 +150,7 @@ pid_t spawn(const std::vector<std::string> &args) {
 
 void await_socket(const std::string &address, pid_t child) {
   struct stat st;
-  for (int i = 0; i < 3000 && stat(socket_path(address).c_str(), &st) != 0; ++i) {
+  for (int i = 0; i < 3000 && file_endpoint() && stat(socket_path(address).c_str(), &st) != 0; ++i) {
     int status;
     if (child > 0 && waitpid(child, &status, WNOHANG) == child) fail_msg("the server child exited early");
     usleep(10000);
@@ -329,17 +344,24 @@ void test_one_server_per_address(void **) {
   ServerFixture f = start_server();
   chi_runtime_t *rt2 = chi_test_init(1, nullptr);
   chi_server_t *srv2 = nullptr;
-  assert_status(CHI_ERR_AGAIN, chi_server_start(rt2, f.address.c_str(), &srv2));
-  assert_non_null(strstr(chi_last_error_message(), "already serves"));
+  if (file_endpoint()) {
+    assert_status(CHI_ERR_AGAIN, chi_server_start(rt2, f.address.c_str(), &srv2));
+    assert_non_null(strstr(chi_last_error_message(), "already serves"));
+  } else {
+    assert_status(CHI_ERR_INVALID, chi_server_start(rt2, f.address.c_str(), &srv2));
+    assert_non_null(strstr(chi_last_error_message(), "in use"));
+  }
   assert_status(CHI_ERR_INVALID, chi_server_start(rt2, "shm://bad/name", &srv2));
   assert_status(CHI_ERR_INVALID, chi_server_start(rt2, "tcp://", &srv2));
+  assert_status(CHI_ERR_CONFIG, chi_server_start(rt2, "tcp://0.0.0.0:1", &srv2));  // no CURVE keys
+  assert_non_null(strstr(chi_last_error_message(), "curve_key_file"));
   // The first server still works, and after it stops the address is free.
   chi_runtime_t *c = connect_client(f.address);
   assert_int_equal(add(c, 1, 2), 3);
   assert_status(CHI_OK, chi_finalize(c));
   assert_status(CHI_OK, chi_finalize(f.rt));
   struct stat st;
-  assert_int_not_equal(stat(socket_path(f.address).c_str(), &st), 0);
+  if (file_endpoint()) assert_int_not_equal(stat(socket_path(f.address).c_str(), &st), 0);
   assert_status(CHI_OK, chi_server_start(rt2, f.address.c_str(), &srv2));
   assert_status(CHI_OK, chi_finalize(rt2));
   // No client without a server.
@@ -360,7 +382,7 @@ void test_stale_endpoint_taken_over(void **) {
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
   struct stat st;
-  assert_int_equal(stat(socket_path(address).c_str(), &st), 0);  // left behind
+  if (file_endpoint()) assert_int_equal(stat(socket_path(address).c_str(), &st), 0);  // left behind
   chi_runtime_t *rt = chi_test_init(1, nullptr);
   chi_server_t *srv;
   assert_status(CHI_OK, chi_server_start(rt, address.c_str(), &srv));
@@ -371,6 +393,7 @@ void test_stale_endpoint_taken_over(void **) {
 }
 
 void test_version_mismatch(void **) {
+  if (g_transport != "shm") return skip();  // test_malformed_frames covers ZeroMQ
   ServerFixture f = start_server();
   int s = raw_connect(f.address);
   chi::ipc::Hello hello{chi::ipc::kProtocolVersion + 7, 9900, chi::ipc::kSessionTasks, 0};
@@ -510,12 +533,13 @@ void test_graceful_stop(void **) {
   chi_future_t fu;
   assert_status(CHI_ERR_DISCONNECTED, chi_submit(c, CHI_ROUTE_CPU, CHI_METHOD_ECHO, "x", 1, &fu));
   struct stat st;
-  assert_int_not_equal(stat(socket_path(f.address).c_str(), &st), 0);  // files removed
+  if (file_endpoint()) assert_int_not_equal(stat(socket_path(f.address).c_str(), &st), 0);  // files removed
   assert_status(CHI_OK, chi_finalize(c));
   assert_status(CHI_OK, chi_finalize(f.rt));
 }
 
 void test_garbage_in_segment(void **) {
+  if (g_transport != "shm") return skip();  // shared memory only
   ServerFixture f = start_server();
   // An honest client runs beside the hostile ones all along.
   chi_runtime_t *honest = connect_client(f.address);
@@ -761,6 +785,229 @@ int child_adder(const char *address, long tasks, uint64_t id) {
   return chi_finalize(rt) == CHI_OK ? 0 : 1;
 }
 
+// A raw DEALER: what a hostile or broken ZeroMQ peer can send.
+struct RawDealer {
+  void *ctx = zmq_ctx_new();
+  void *sock = nullptr;
+  explicit RawDealer(const std::string &address) {
+    sock = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 0, timeout = 10000;
+    zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(sock, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    assert_int_equal(zmq_connect(sock, address.c_str()), 0);
+  }
+  ~RawDealer() {
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+  }
+  void send(const std::string &bytes, bool more = false) {
+    assert_true(zmq_send(sock, bytes.data(), bytes.size(), more ? ZMQ_SNDMORE : 0) >= 0);
+  }
+  void send(chi::ipc::Kind kind, uint64_t id, uint32_t method, int32_t route, const std::string &payload) {
+    chi::ipc::Frame f;
+    f.kind = kind;
+    f.id = id;
+    f.method = method;
+    f.route = route;
+    f.payload = reinterpret_cast<const uint8_t *>(payload.data());
+    f.size = uint32_t(payload.size());
+    std::string out;
+    chi::ipc::encode_frame(f, &out);
+    send(out);
+  }
+  // The next reply, decoded; false on timeout.
+  bool recv(chi::ipc::Frame *f, std::string *buf) {
+    buf->assign(chi::ipc::kFrameHeader + chi::ipc::kMaxFramePayload, '\0');
+    int n = zmq_recv(sock, buf->data(), buf->size(), 0);
+    if (n < 0) return false;
+    buf->resize(size_t(n));
+    std::string why;
+    assert_status(CHI_OK, chi::ipc::decode_frame(buf->data(), buf->size(), f, &why));
+    return true;
+  }
+  void hello() {
+    chi::ipc::Hello h{chi::ipc::kProtocolVersion, chi_version(), chi::ipc::kSessionTasks, 0};
+    send(chi::ipc::Kind::kHello, 1ull << 63, 0, 0, std::string(reinterpret_cast<char *>(&h), sizeof h));
+    chi::ipc::Frame f;
+    std::string buf;
+    assert_true(recv(&f, &buf));
+    assert_int_equal(int(f.kind), int(chi::ipc::Kind::kWelcome));
+    assert_int_equal(f.status, CHI_OK);
+  }
+};
+
+void test_malformed_frames(void **) {
+  if (g_transport == "shm") return skip();  // test_garbage_in_segment covers shared memory
+  ServerFixture f = start_server();
+  chi_runtime_t *honest = connect_client(f.address);
+  std::atomic<bool> done{false};
+  std::atomic<long> bad{0};
+  std::thread t([&] {
+    for (uint64_t i = 0; !done.load(); ++i) {
+      uint64_t in[2] = {i, 5}, out = 0;
+      chi_future_t fu;
+      if (chi_submit(honest, CHI_ROUTE_CPU, CHI_METHOD_ADD, in, sizeof in, &fu) != CHI_OK ||
+          chi_wait(honest, fu, -1, &out, sizeof out, nullptr) != CHI_OK || out != i + 5)
+        ++bad;
+    }
+  });
+  using chi::ipc::Kind;
+  chi::ipc::Frame r;
+  std::string buf;
+  {
+    // Version skew: refused with both versions named.
+    RawDealer d(f.address);
+    chi::ipc::Hello h{chi::ipc::kProtocolVersion + 3, 9900, chi::ipc::kSessionTasks, 0};
+    d.send(Kind::kHello, 1ull << 63, 0, 0, std::string(reinterpret_cast<char *>(&h), sizeof h));
+    assert_true(d.recv(&r, &buf));
+    assert_int_equal(r.status, CHI_ERR_PROTOCOL);
+    std::string msg(reinterpret_cast<const char *>(r.payload) + sizeof(chi::ipc::Welcome),
+                    r.size - sizeof(chi::ipc::Welcome));
+    assert_true(msg.find("0.99.0") != std::string::npos && msg.find(chi_version_string()) != std::string::npos);
+  }
+  {
+    // Bad requests in well-formed frames: a status each, the session lives.
+    RawDealer d(f.address);
+    d.hello();
+    struct Case {
+      uint32_t method;
+      int32_t route;
+      size_t size;
+      int32_t want;
+    } cases[] = {{999999, CHI_ROUTE_CPU, 8, CHI_ERR_NOT_FOUND},
+                 {CHI_METHOD_ECHO, CHI_ROUTE_CPU, 4097, CHI_ERR_TOO_LARGE},
+                 {CHI_METHOD_ECHO, -77, 8, CHI_ERR_INVALID},
+                 {CHI_METHOD_ECHO, 3, 8, CHI_ERR_NO_DEVICE},
+                 {CHI_METHOD_ECHO, CHI_ROUTE_CPU, 8, CHI_OK}};
+    uint64_t id = 1;
+    for (const Case &k : cases) {
+      d.send(Kind::kSubmit, id, k.method, k.route, std::string(k.size, 'x'));
+      assert_true(d.recv(&r, &buf));
+      assert_int_equal(int(r.kind), int(Kind::kResult));
+      assert_int_equal(r.id, id);
+      assert_int_equal(r.status, k.want);
+      ++id;
+    }
+  }
+  // Frames no honest peer sends: the session (if any) ends with kGone.
+  std::string good;
+  {
+    chi::ipc::Frame g;
+    g.kind = Kind::kSubmit;
+    chi::ipc::encode_frame(g, &good);
+  }
+  std::vector<std::string> junk = {"", "x", std::string(31, '\0'), "GET / HTTP/1.0\r\n\r\n"};
+  std::string bad_magic = good, bad_version = good, bad_kind = good, bad_size = good + "extra";
+  bad_magic[0] ^= 1;
+  bad_version[4] = 9;
+  bad_kind[6] = 77;
+  junk.insert(junk.end(), {bad_magic, bad_version, bad_kind, bad_size});
+  uint64_t seed = 42;
+  for (int i = 0; i < 64; ++i) {
+    std::string rnd(size_t(chi_test_rand(&seed) % 200), '\0');
+    for (char &c : rnd) c = char(chi_test_rand(&seed));
+    if (rnd.size() >= 4 && i % 2) memcpy(rnd.data(), &chi::ipc::kFrameMagic, 4);
+    junk.push_back(rnd);
+  }
+  for (const std::string &j : junk) {
+    RawDealer d(f.address);
+    d.hello();
+    d.send(j);
+    assert_true(d.recv(&r, &buf));
+    assert_int_equal(int(r.kind), int(Kind::kGone));
+  }
+  {
+    // Submit without hello; multi-part requests.
+    RawDealer d(f.address);
+    d.send(Kind::kSubmit, 5, CHI_METHOD_ECHO, CHI_ROUTE_CPU, "hi");
+    assert_true(d.recv(&r, &buf));
+    assert_int_equal(int(r.kind), int(Kind::kGone));
+    RawDealer m(f.address);
+    m.hello();
+    m.send(good, true);
+    m.send(good);
+    assert_true(m.recv(&r, &buf));
+    assert_int_equal(int(r.kind), int(Kind::kGone));
+  }
+  done.store(true);
+  t.join();
+  assert_int_equal(bad.load(), 0);
+  assert_status(CHI_OK, chi_finalize(honest));
+  assert_true(settle(f.rt, 0));
+  assert_status(CHI_OK, chi_finalize(f.rt));
+}
+
+std::string write_file(const std::string &name, const std::string &text, mode_t mode) {
+  std::string path = g_dir + "/" + name;
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, mode);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, text.data(), text.size()), ssize_t(text.size()));
+  close(fd);
+  chmod(path.c_str(), mode);
+  return path;
+}
+
+chi_status_t connect_yaml(const std::string &yaml, chi_runtime_t **rt) {
+  std::string path = write_file("client-" + std::to_string(getpid()) + ".yaml", yaml, 0600);
+  chi_config_t cfg;
+  chi_config_init(&cfg);
+  cfg.config_path = path.c_str();
+  *rt = nullptr;
+  return chi_init(&cfg, rt);
+}
+
+// tcp:// with CURVE: the right key works; a wrong, missing or exposed key does not.
+void test_curve(void **) {
+  if (g_transport != "tcp") return skip();
+  char spub[41], ssec[41], apub[41], asec[41], bpub[41], bsec[41];
+  assert_int_equal(zmq_curve_keypair(spub, ssec), 0);
+  assert_int_equal(zmq_curve_keypair(apub, asec), 0);
+  assert_int_equal(zmq_curve_keypair(bpub, bsec), 0);
+  std::string skey = write_file("server.key", std::string("# server\n") + ssec + "\n", 0600);
+  std::string allowed = write_file("allowed", std::string("# clients\n") + apub + "\n", 0644);
+  std::string akey = write_file("a.key", std::string(asec) + "\n", 0600);
+  std::string bkey = write_file("b.key", std::string(bsec) + "\n", 0600);
+  std::string loose = write_file("loose.key", std::string(asec) + "\n", 0644);
+  std::string yaml = "server:\n  curve_key_file: " + skey + "\n  curve_allowed_keys_file: " + allowed + "\n";
+  ServerFixture f = start_server(yaml.c_str());
+  auto client_yaml = [&](const std::string &key_file, const char *server_key) {
+    return "mode: client\nserver_address: " + f.address + "\ncurve_server_key: \"" + server_key +
+           "\"\ncurve_key_file: " + key_file + "\n";
+  };
+  chi_runtime_t *c;
+  assert_status(CHI_OK, connect_yaml(client_yaml(akey, spub), &c));
+  assert_int_equal(add(c, 40, 2), 42);
+  assert_status(CHI_OK, chi_finalize(c));
+  assert_status(CHI_ERR_PERMISSION, connect_yaml(client_yaml(bkey, spub), &c));  // not allow-listed
+  assert_has_message();
+  assert_status(CHI_ERR_PERMISSION, connect_yaml(client_yaml(akey, bpub), &c));  // wrong server key
+  assert_status(CHI_ERR_PERMISSION, connect_yaml(client_yaml(loose, spub), &c));  // loose key file
+  assert_non_null(strstr(chi_last_error_message(), "mode 644"));
+  chi_config_t cfg;
+  chi_config_init(&cfg);
+  cfg.mode = CHI_MODE_CLIENT;
+  cfg.server_address = f.address.c_str();
+  chi_runtime_t *plain = nullptr;
+  chi_status_t s = chi_init(&cfg, &plain);  // no CURVE at all
+  assert_true(s == CHI_ERR_PERMISSION || s == CHI_ERR_DISCONNECTED);
+  assert_null(plain);
+  assert_status(CHI_OK, chi_finalize(f.rt));
+  // The server refuses a loose secret key (an exposed address without keys:
+  // test_one_server_per_address).
+  std::string loose_server = write_file("loose-server.key", std::string(ssec) + "\n", 0640);
+  std::string bad = "server:\n  curve_key_file: " + loose_server + "\n  curve_allowed_keys_file: " + allowed + "\n";
+  chi_runtime_t *rt = chi_test_init_yaml(1, bad.c_str());
+  chi_server_t *srv;
+  assert_status(CHI_ERR_PERMISSION, chi_server_start(rt, unique_name("curve").c_str(), &srv));
+  assert_status(CHI_OK, chi_finalize(rt));
+  // With keys, a server may listen beyond loopback.
+  rt = chi_test_init_yaml(1, yaml.c_str());
+  std::string any = unique_name("any");
+  any.replace(any.find("127.0.0.1"), 9, "0.0.0.0");
+  assert_status(CHI_OK, chi_server_start(rt, any.c_str(), &srv));
+  assert_status(CHI_OK, chi_finalize(rt));
+}
+
 int child_server(const char *address) {
   chi_config_t cfg;
   chi_config_init(&cfg);
@@ -819,6 +1066,8 @@ int main(int argc, char **argv) {
   if (!mkdtemp(tmpl)) return 1;
   g_dir = tmpl;
   setenv("CHI_RUNTIME_DIR", tmpl, 1);
+  if (const char *t = getenv("CHI_TEST_TRANSPORT")) g_transport = t;
+  if (g_transport != "shm" && g_transport != "ipc" && g_transport != "tcp") return 2;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round_trips_from_threads),
       cmocka_unit_test(test_one_server_per_address),
@@ -829,12 +1078,15 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_server_killed),
       cmocka_unit_test(test_graceful_stop),
       cmocka_unit_test(test_garbage_in_segment),
+      cmocka_unit_test(test_malformed_frames),
+      cmocka_unit_test(test_curve),
       cmocka_unit_test(test_many_clients),
       cmocka_unit_test(test_churn),
       cmocka_unit_test(test_gpu_route_through_server),
   };
   if (getenv("CHI_TEST_FILTER")) cmocka_set_test_filter(getenv("CHI_TEST_FILTER"));
-  int rc = cmocka_run_group_tests_name("server", tests, nullptr, nullptr);
+  std::string group = "server over " + g_transport;
+  int rc = cmocka_run_group_tests_name(group.c_str(), tests, nullptr, nullptr);
   std::string cleanup = "rm -rf " + g_dir;
   if (system(cleanup.c_str()) != 0) rc = rc ? rc : 1;
   return rc;

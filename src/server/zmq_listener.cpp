@@ -71,7 +71,11 @@ chi_status_t ZmqListener::bind() {
   const bool tcp = address_.compare(0, 6, "tcp://") == 0;
   if (tcp) {
     std::string hp = address_.substr(6);
-    std::string host = hp.substr(0, hp.rfind(':'));
+    size_t colon = hp.rfind(':');
+    int port = colon == std::string::npos ? 0 : atoi(hp.c_str() + colon + 1);
+    if (colon == std::string::npos || colon == 0 || port < 1 || port > 65535)
+      return set_error(CHI_ERR_INVALID, "%s is not tcp://HOST:PORT", address_.c_str());
+    std::string host = hp.substr(0, colon);
     const bool loopback = ipc::is_loopback_host(host);
     if (!sc.curve_key_file.empty() || !sc.curve_allowed_keys_file.empty()) {
       if (sc.curve_key_file.empty() || sc.curve_allowed_keys_file.empty())
@@ -234,7 +238,10 @@ void ZmqListener::monitor_events() {
     zmq_msg_recv(&addr, monitor_, 0);
     zmq_msg_close(&addr);
     if (event != ZMQ_EVENT_DISCONNECTED) continue;
-    // The connection's descriptor names the session(s) it carried.
+    // The connection's descriptor names the session(s) it carried.  The
+    // event was queued before the descriptor could be reused, and events are
+    // read before requests in each turn, so a new session on a reused
+    // descriptor is never taken for the old one.
     std::vector<std::string> gone;
     {
       std::lock_guard<std::mutex> lock(sessions_mu_);
@@ -266,13 +273,15 @@ void ZmqListener::receive() {
       zmq_msg_close(&idm);
       return;
     }
-    int fd = zmq_msg_get(&idm, ZMQ_SRCFD);
     std::string identity(static_cast<char *>(zmq_msg_data(&idm)), zmq_msg_size(&idm));
     bool more = zmq_msg_more(&idm);
     zmq_msg_close(&idm);
     if (!more) continue;  // a bare identity: nothing to do
     zmq_msg_init(&body);
     zmq_msg_recv(&body, router_, 0);
+    // The connection's descriptor (the ROUTER's identity part carries none):
+    // a disconnect event names it, and ipc:// peers' credentials come from it.
+    int fd = zmq_msg_get(&body, ZMQ_SRCFD);
     const bool extra = zmq_msg_more(&body);
     // A request is exactly one part after the identity: drop anything else.
     if (extra) {

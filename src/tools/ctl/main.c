@@ -1,14 +1,49 @@
-/* chimaera-ctl: administer a running chimaera-server.
- *   chimaera-ctl [--address shm://NAME] status [--json]
- *   chimaera-ctl [--address shm://NAME] ping
- *   chimaera-ctl [--address shm://NAME] stop
+/* chimaera-ctl: administer a running chimaera-server, and make CURVE keys.
+ *   chimaera-ctl [--address ADDR] status [--json]
+ *   chimaera-ctl [--address ADDR] ping
+ *   chimaera-ctl [--address ADDR] stop
+ *   chimaera-ctl keygen PREFIX      (PREFIX.key: secret, 0600; PREFIX.pub)
  * Without --address: $CHI_SERVER_ADDRESS, else this user's default server. */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include <unistd.h>
+#include <zmq.h>
+
 #include "chimaera.h"
+
+/* Writes a CURVE key pair: PREFIX.key (the secret, mode 0600, created
+ * exclusively so an existing key is never overwritten) and PREFIX.pub. */
+static int keygen(const char *prefix) {
+  char pub[41], sec[41];
+  if (zmq_curve_keypair(pub, sec) != 0) {
+    fprintf(stderr, "chimaera-ctl: zmq_curve_keypair: %s (libzmq built without CURVE?)\n", zmq_strerror(errno));
+    return 1;
+  }
+  char path[4096];
+  snprintf(path, sizeof path, "%s.key", prefix);
+  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    fprintf(stderr, "chimaera-ctl: cannot create %s: %s\n", path, strerror(errno));
+    return 1;
+  }
+  dprintf(fd, "# chimaera CURVE secret key (public key in %s.pub)\n%s\n", prefix, sec);
+  close(fd);
+  snprintf(path, sizeof path, "%s.pub", prefix);
+  fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    fprintf(stderr, "chimaera-ctl: cannot create %s: %s\n", path, strerror(errno));
+    return 1;
+  }
+  dprintf(fd, "%s\n", pub);
+  close(fd);
+  printf("%s\n", pub);
+  return 0;
+}
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -16,7 +51,9 @@ static void usage(FILE *f) {
           "commands:\n"
           "  status [--json]  workers, slots, clients (pid, uid), GPUs, per-route counters\n"
           "  ping             round trip to the server (exit status 0 if it answers)\n"
-          "  stop             ask the server to stop (as SIGTERM does)\n");
+          "  stop             ask the server to stop (as SIGTERM does)\n"
+          "  keygen PREFIX    write a CURVE key pair PREFIX.key (secret, 0600) and\n"
+          "                   PREFIX.pub; prints the public key\n");
 }
 
 int main(int argc, char **argv) {
@@ -28,9 +65,17 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--json")) json = 1;
     else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout), 0;
     else if (!cmd && argv[i][0] != '-') cmd = argv[i];
+    else if (cmd && !strcmp(cmd, "keygen") && argv[i][0] != '-') continue;
     else return fprintf(stderr, "chimaera-ctl: unexpected argument '%s'\n", argv[i]), usage(stderr), 2;
   }
   if (!cmd) return usage(stderr), 2;
+  if (!strcmp(cmd, "keygen")) {
+    const char *prefix = NULL;
+    for (int i = 1; i < argc; ++i)
+      if (argv[i] != cmd && argv[i][0] != '-' && (i == 1 || strcmp(argv[i - 1], "--address"))) prefix = argv[i];
+    if (!prefix) return fprintf(stderr, "chimaera-ctl: keygen needs a PREFIX\n"), 2;
+    return keygen(prefix);
+  }
   const char *request;
   if (!strcmp(cmd, "status")) request = json ? "status-json" : "status";
   else if (!strcmp(cmd, "ping")) request = "ping";
