@@ -2,7 +2,8 @@
 # Quick start, command 2: set up, build, and run every test suite: the main
 # build's ctest (C, Rust, Fortran, install, HIP compile check, GPU programs skipped without a
 # GPU), then the ThreadSanitizer and AddressSanitizer+UBSan builds of the
-# core tests.  CHI_SANITIZERS=0 skips the sanitizer builds.
+# core and server tests, then short libFuzzer runs when clang is present.
+# CHI_SANITIZERS=0 skips the sanitizer builds, CHI_FUZZ=0 the fuzz runs.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/setup.sh"
@@ -22,5 +23,16 @@ if [ "${CHI_SANITIZERS:-1}" != 0 ]; then
       ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1" \
       ctest --test-dir "$sbuild" --output-on-failure -j2 -E 'install|smoke|hip' || status=1
   done
+fi
+# Short fuzz runs (~30 s a target) when clang with libFuzzer is there;
+# docs/reliability.md has the long runs.
+if command -v clang++ >/dev/null 2>&1 && [ "${CHI_FUZZ:-1}" != 0 ]; then
+  fbuild="$build-fuzz"
+  echo "== fuzz targets ($fbuild)"
+  cmake -S "$root" -B "$fbuild" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+    -DCHI_FUZZ=ON -DCHI_FUZZ_SECONDS="${CHI_FUZZ_SECONDS:-30}" -DCHI_ENABLE_CUDA=OFF -DCHI_BUILD_TESTS=OFF \
+    -DCHI_BUILD_TOOLS=OFF -DCHI_BUILD_EXAMPLES=OFF -DCHI_FORTRAN=OFF -DCHI_RUST=OFF >/dev/null
+  cmake --build "$fbuild" -j2
+  ctest --test-dir "$fbuild" --output-on-failure -L fuzz || status=1
 fi
 exit $status

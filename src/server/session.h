@@ -62,6 +62,7 @@ class Session final : public RemoteSink {
   uint64_t submitted() const { return submitted_.load(std::memory_order_relaxed); }
   uint64_t finished() const { return finished_.load(std::memory_order_relaxed); }
   const ipc::SegmentLayout &layout() const { return seg_.layout; }
+  uint8_t *segment_base() const { return seg_.base; }
 
   // Bookkeeping of the server (control thread).
   uint32_t poller = 0;

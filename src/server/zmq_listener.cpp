@@ -23,7 +23,6 @@ namespace chi {
 
 namespace {
 
-constexpr uint64_t kControlBit = 1ull << 63;
 
 std::string version_text(uint32_t v) {
   return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
