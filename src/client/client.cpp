@@ -126,7 +126,10 @@ chi_status_t connect_client(const Config &cfg, std::unique_ptr<Client> *out) {
 }
 
 chi_status_t connect_control(const std::string &address, std::unique_ptr<Client> *out) {
+  // $CHI_CONFIG and CHI_* (CURVE keys, disconnect_check_ms) apply here too.
   Config cfg;
+  std::string err;
+  if (chi_status_t s = load_config(nullptr, &cfg, &err); s != CHI_OK) return set_error(s, "%s", err.c_str());
   cfg.server_address = address;
   if (address.compare(0, 6, "ipc://") == 0 || address.compare(0, 6, "tcp://") == 0)
     return ZmqClient::connect(cfg, true, out);
