@@ -27,6 +27,7 @@ struct chi_bench_row {
   char method[24];          /* "chi.echo", ...; empty for floors and peers     */
   uint32_t payload_bytes;   /* input and output size                           */
   uint32_t threads;         /* submitting threads (a ping-pong pair counts 1)  */
+  uint32_t processes;       /* client processes submitting (0: this process)   */
   uint32_t window;          /* outstanding tasks per submitter                 */
   uint64_t count;           /* timed operations (after warm-up)                */
   double p50_ns;            /* latency percentiles; NaN: not measured          */

@@ -1,9 +1,13 @@
 // chimaera-bench: round-trip latency and throughput of every route available
 // here, each next to the raw floor it is bounded by, measured in the same run.
+// With --server: the same from client processes of a chimaera-server.
 #include <getopt.h>
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "bench_gpu.h"
@@ -11,6 +15,8 @@
 #include "cpu_floors.h"
 #include "cpu_routes.h"
 #include "report.h"
+#include "server_proc.h"
+#include "server_routes.h"
 #include "tool_util.h"
 
 namespace {
@@ -38,6 +44,23 @@ void usage(std::FILE *out) {
       "  --config PATH   chimaera.yaml to use (default: $CHI_CONFIG, else built-ins)\n"
       "  --pin           pin the benchmark's own threads to CPUs (workers are not)\n"
       "  --json          one JSON object on stdout instead of the table\n"
+      "\n"
+      "Client->server (instead of the embedded routes; floor.xproc_pingpong is their floor):\n"
+      "  --server ADDR   measure the chimaera-server at ADDR (shm://NAME)\n"
+      "  --server start  start a chimaera-server on a private name and runtime directory,\n"
+      "                  stop it at the end (--workers and --config go to it)\n"
+      "  --server-bin P  the chimaera-server to start (default: next to this binary)\n"
+      "  --procs N       client processes of the multi-process pipelined row (default 8)\n"
+      "  --clients LIST  sweep, e.g. 1,8,64,256: that many client processes at once, each\n"
+      "                  doing chi.add round trips one at a time; with the largest count\n"
+      "                  connected and idle: server CPU, RSS and wake-up latency\n"
+      "  --fairness [N]  N clients (default 64): one floods, N-1 do round trips; their p99\n"
+      "                  with and without the flooder\n"
+      "  --flood-window N  the flooding client's tasks in flight (default 512; keep it\n"
+      "                  within server.client_slots)\n"
+      "  --client-ms MS  length of each sweep and fairness run (default 1000)\n"
+      "  --idle-ms MS    idle-CPU window (default 2000); each wake-up follows MS/2 of idle\n"
+      "  --wake-samples N  wake-up round trips, each on another client (default 5)\n"
       "  --help          this text\n"
       "\n"
       "Exit status: 0 every row measured, 1 some row failed, 2 usage or start-up error.\n");
@@ -50,11 +73,71 @@ bool count_arg(const char *opt, const char *text, uint64_t min, uint64_t max, ui
   return false;
 }
 
+bool count_list(const char *text, std::vector<uint32_t> *out) {
+  out->clear();
+  std::string s(text);
+  size_t at = 0;
+  while (at <= s.size()) {
+    size_t comma = s.find(',', at);
+    std::string item = s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    uint64_t v = 0;
+    if (!count_arg("--clients", item.c_str(), 1, 65536, &v)) return false;
+    out->push_back(uint32_t(v));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return !out->empty();
+}
+
+// The --server run: client->server rows after the floors, then the report.
+int server_main(const chi_bench_options &opt, const chi_bench::ServerOptions &so,
+                const chi_config_t &cfg, bool json, std::vector<chi_bench_row> &rows) {
+  chi_bench::ServerReport rep;
+  std::string err;
+  if (!chi_bench::run_server_rows(opt, so, cfg.num_workers, cfg.config_path, rows, &rep, &err)) {
+    std::fprintf(stderr, "chimaera-bench: --server %s: %s\n", so.server.c_str(), err.c_str());
+    return 2;
+  }
+  chi_bench::link_floors(rows);
+  chi_bench::link_floors(rep.sweep, &rows);
+  chi_bench::link_floors(rep.fair, &rows);
+  chi_bench::Machine m = chi_bench::probe_machine(0, cfg.num_workers, opt.pin != 0);
+  if (json)
+    chi_bench::print_json(stdout, m, opt, rows, &rep);
+  else
+    chi_bench::print_table(stdout, m, opt, rows, &rep);
+
+  bool ok = true;
+  auto check = [&](const std::vector<chi_bench_row> &rs) {
+    for (const auto &r : rs) {
+      if (r.status == CHI_OK) continue;
+      ok = false;
+      if (json)
+        std::fprintf(stderr, "chimaera-bench: %s failed: %s: %s\n", r.name,
+                     chi_status_string(r.status), r.error);
+    }
+  };
+  check(rows);
+  check(rep.sweep);
+  check(rep.fair);
+  if (rep.server.exit_status > 0) {
+    ok = false;
+    std::fprintf(stderr, "chimaera-bench: chimaera-server exited with status %d (log: %s)\n",
+                 rep.server.exit_status, rep.server.log_path.c_str());
+  }
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
+  // A client process of a --server run (see server_proc.h).
+  if (argc == 3 && std::strcmp(argv[1], "--client-worker") == 0)
+    return chi_bench::client_worker_main(argv[2]);
+
   enum { kIters = 256, kWarmup, kTput, kThreads, kWindow, kPayload, kWorkers, kConfig, kPin,
-         kJson, kHelp };
+         kJson, kHelp, kServer, kServerBin, kProcs, kClients, kFairness, kFloodWindow, kClientMs,
+         kIdleMs, kWakeSamples };
   static const option longopts[] = {
       {"iters", required_argument, nullptr, kIters},
       {"warmup", required_argument, nullptr, kWarmup},
@@ -67,6 +150,15 @@ int main(int argc, char **argv) {
       {"pin", no_argument, nullptr, kPin},
       {"json", no_argument, nullptr, kJson},
       {"help", no_argument, nullptr, kHelp},
+      {"server", required_argument, nullptr, kServer},
+      {"server-bin", required_argument, nullptr, kServerBin},
+      {"procs", required_argument, nullptr, kProcs},
+      {"clients", required_argument, nullptr, kClients},
+      {"fairness", optional_argument, nullptr, kFairness},
+      {"flood-window", required_argument, nullptr, kFloodWindow},
+      {"client-ms", required_argument, nullptr, kClientMs},
+      {"idle-ms", required_argument, nullptr, kIdleMs},
+      {"wake-samples", required_argument, nullptr, kWakeSamples},
       {nullptr, 0, nullptr, 0}};
 
   chi_bench_options opt{};
@@ -75,6 +167,7 @@ int main(int argc, char **argv) {
   opt.payload = 64;
   opt.threads = chi_tool_online_cpus();
   bool warmup_set = false, tput_set = false, json = false;
+  chi_bench::ServerOptions so;
   chi_config_t cfg;
   chi_config_init(&cfg);
   uint64_t v = 0;
@@ -120,6 +213,43 @@ int main(int argc, char **argv) {
       case kHelp:
         usage(stdout);
         return 0;
+      case kServer:
+        so.server = optarg;
+        break;
+      case kServerBin:
+        so.server_bin = optarg;
+        break;
+      case kProcs:
+        if (!count_arg("--procs", optarg, 1, 4096, &v)) return 2;
+        so.procs = uint32_t(v);
+        break;
+      case kClients:
+        if (!count_list(optarg, &so.clients)) return 2;
+        break;
+      case kFairness: {
+        // "--fairness", "--fairness=N" and "--fairness N".
+        const char *n = optarg;
+        if (!n && optind < argc && std::isdigit(static_cast<unsigned char>(argv[optind][0])))
+          n = argv[optind++];
+        v = 64;
+        if (n && !count_arg("--fairness", n, 2, 65536, &v)) return 2;
+        so.fairness = uint32_t(v);
+        break;
+      }
+      case kFloodWindow:
+        if (!count_arg("--flood-window", optarg, 1, 65536, &v)) return 2;
+        so.flood_window = uint32_t(v);
+        break;
+      case kClientMs:
+        if (!count_arg("--client-ms", optarg, 1, 3600000, &so.client_ms)) return 2;
+        break;
+      case kIdleMs:
+        if (!count_arg("--idle-ms", optarg, 2, 3600000, &so.idle_ms)) return 2;
+        break;
+      case kWakeSamples:
+        if (!count_arg("--wake-samples", optarg, 0, 1000, &v)) return 2;
+        so.wake_samples = uint32_t(v);
+        break;
       default:
         usage(stderr);
         return 2;
@@ -133,6 +263,10 @@ int main(int argc, char **argv) {
   if (!warmup_set) opt.warmup = opt.iters / 10 < 1000 ? 1000 : opt.iters / 10;
   if (!tput_set) opt.tput_tasks = 4 * opt.iters;
   if (opt.tput_tasks < opt.threads) opt.tput_tasks = opt.threads;
+  if (so.server.empty() && (!so.clients.empty() || so.fairness || !so.server_bin.empty())) {
+    std::fprintf(stderr, "chimaera-bench: --clients, --fairness and --server-bin need --server\n");
+    return 2;
+  }
 
   std::vector<chi_bench_row> rows;
   rows.reserve(16 + kMaxGpuRows);
@@ -142,6 +276,11 @@ int main(int argc, char **argv) {
   chi_bench::cpu_pingpong_floor(opt, &rows.back());
   rows.emplace_back();
   chi_bench::pipe_pingpong_peer(opt, &rows.back());
+  if (!so.server.empty()) {
+    rows.emplace_back();
+    chi_bench::xproc_pingpong_floor(opt, &rows.back());
+    return server_main(opt, so, cfg, json, rows);
+  }
 
   chi_runtime_t *rt = nullptr;
   chi_status_t st = chi_init(&cfg, &rt);

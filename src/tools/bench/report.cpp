@@ -62,6 +62,196 @@ void cell_us(std::FILE *out, double ns) {
     std::fprintf(out, " %9.3f", ns / 1000.0);
 }
 
+void print_rows(std::FILE *out, const std::vector<chi_bench_row> &rows) {
+  std::fprintf(out, "%-28s %-10s %3s %9s %9s %9s %9s %9s %8s  %s\n", "row", "kind", "thr",
+               "count", "p50 us", "p99 us", "mean us", "Mops/s", "vs floor", "target");
+  for (const auto &r : rows) {
+    if (r.status != CHI_OK) {
+      std::fprintf(out, "%-28s %-10s FAILED: %s (%s)\n", r.name, chi_bench_kind_name(r.kind),
+                   chi_status_string(r.status), r.error);
+      continue;
+    }
+    std::fprintf(out, "%-28s %-10s %3u %9llu", r.name, chi_bench_kind_name(r.kind), r.threads,
+                 static_cast<unsigned long long>(r.count));
+    cell_us(out, r.p50_ns);
+    cell_us(out, r.p99_ns);
+    cell_us(out, r.mean_ns);
+    if (std::isnan(r.throughput))
+      std::fprintf(out, " %9s", "-");
+    else
+      std::fprintf(out, " %9.3f", r.throughput / 1e6);
+    if (std::isnan(r.ratio))
+      std::fprintf(out, " %8s", "-");
+    else
+      std::fprintf(out, " %7.1fx", r.ratio);
+    if (!std::isnan(r.target_p50_ns))
+      std::fprintf(out, "  p50 <= %.2f us", r.target_p50_ns / 1000.0);
+    else if (!std::isnan(r.target_throughput))
+      std::fprintf(out, "  >= %.1f Mops/s", r.target_throughput / 1e6);
+    std::fputc('\n', out);
+  }
+}
+
+void json_row(std::FILE *out, const char *indent, const chi_bench_row &r) {
+  std::fputs(indent, out);
+  std::fputs("{\"name\": ", out);
+  json_string(out, r.name);
+  std::fprintf(out, ", \"kind\": \"%s\", \"route\": ", chi_bench_kind_name(r.kind));
+  json_string(out, r.route);
+  std::fputs(", \"method\": ", out);
+  json_string(out, r.method);
+  std::fprintf(out,
+               ", \"payload_bytes\": %u, \"threads\": %u, \"processes\": %u, \"window\": %u, "
+               "\"count\": %llu",
+               r.payload_bytes, r.threads, r.processes, r.window,
+               static_cast<unsigned long long>(r.count));
+  std::fputs(", \"p50_ns\": ", out);
+  json_number(out, r.p50_ns);
+  std::fputs(", \"p99_ns\": ", out);
+  json_number(out, r.p99_ns);
+  std::fputs(", \"mean_ns\": ", out);
+  json_number(out, r.mean_ns);
+  std::fputs(", \"throughput_per_s\": ", out);
+  json_number(out, r.throughput, "%.0f");
+  std::fputs(", \"floor\": ", out);
+  json_string(out, r.floor);
+  std::fputs(", \"floor_p50_ns\": ", out);
+  json_number(out, r.floor_p50_ns);
+  std::fputs(", \"ratio\": ", out);
+  json_number(out, r.ratio, "%.3f");
+  std::fputs(", \"target_p50_ns\": ", out);
+  json_number(out, r.target_p50_ns);
+  std::fputs(", \"target_throughput_per_s\": ", out);
+  json_number(out, r.target_throughput, "%.0f");
+  std::fprintf(out, ", \"status\": %d, \"error\": ", r.status);
+  json_string(out, r.error);
+  std::fputc('}', out);
+}
+
+void json_rows(std::FILE *out, const char *indent, const std::vector<chi_bench_row> &rows) {
+  for (size_t i = 0; i < rows.size(); i++) {
+    json_row(out, indent, rows[i]);
+    std::fputs(i + 1 < rows.size() ? ",\n" : "\n", out);
+  }
+}
+
+
+void cell_or_dash(std::FILE *out, const char *fmt, double v, double scale) {
+  if (std::isnan(v))
+    std::fputc('-', out);
+  else
+    std::fprintf(out, fmt, v / scale);
+}
+
+void print_server_table(std::FILE *out, const ServerReport &s) {
+  const ServerProc &p = s.server;
+  std::fprintf(out, "\nclient->server: %s, %s", p.address.c_str(),
+               p.bin.empty() ? "an existing server" : ("started " + p.bin).c_str());
+  if (p.pid > 0) std::fprintf(out, " (pid %d)", int(p.pid));
+  if (s.server_workers) std::fprintf(out, ", %u workers", s.server_workers);
+  std::fputs("; client rows: floor.xproc_pingpong is their floor\n", out);
+  if (!s.sweep.empty()) {
+    std::fprintf(out,
+                 "\nclient sweep: chi.add, each client process one round trip at a time for "
+                 "%llu ms\n",
+                 static_cast<unsigned long long>(s.client_ms));
+    std::fprintf(out, "%8s %12s %10s %10s %9s  %s\n", "clients", "tasks/s", "p50 us", "p99 us",
+                 "vs floor", "tasks");
+    for (const auto &r : s.sweep) {
+      if (r.status != CHI_OK) {
+        std::fprintf(out, "%8u FAILED: %s (%s)\n", r.processes, chi_status_string(r.status),
+                     r.error);
+        continue;
+      }
+      std::fprintf(out, "%8u %12.0f %10.3f %10.3f", r.processes, r.throughput, r.p50_ns / 1000.0,
+                   r.p99_ns / 1000.0);
+      if (std::isnan(r.ratio))
+        std::fprintf(out, " %9s", "-");
+      else
+        std::fprintf(out, " %8.1fx", r.ratio);
+      std::fprintf(out, "  %llu\n", static_cast<unsigned long long>(r.count));
+    }
+  }
+  const IdleFigures &i = s.idle;
+  if (i.measured) {
+    std::fprintf(out, "\nidle, %u clients connected: server CPU ", i.clients);
+    cell_or_dash(out, "%.2f%%", i.cpu_pct, 1.0);
+    std::fprintf(out, " of one core over %.1f s (target < %.0f%%); server RSS ", i.seconds,
+                 kServerTargetIdleCpuPct);
+    cell_or_dash(out, "%.1f MiB", i.rss_kib, 1024.0);
+    std::fputs(" (", out);
+    cell_or_dash(out, "%.1f MiB", i.rss_base_kib, 1024.0);
+    std::fputs(" before the bench's clients)\n", out);
+    std::fprintf(out, "wake-up after %.0f ms idle: p50 ", i.wake_idle_ms);
+    cell_or_dash(out, "%.1f us", i.wake_p50_ns, 1000.0);
+    std::fputs(", max ", out);
+    cell_or_dash(out, "%.1f us", i.wake_max_ns, 1000.0);
+    std::fprintf(out, " over %llu clients (target p50 <= %.0f us)\n",
+                 static_cast<unsigned long long>(i.wake_count), kServerTargetWakeP50Ns / 1000.0);
+    if (!i.note.empty()) std::fprintf(out, "note: %s\n", i.note.c_str());
+  }
+  const FairnessFigures &f = s.fairness;
+  if (f.measured) {
+    std::fprintf(out,
+                 "\nfairness: %u clients, 1 flooding (window %u), %u doing one chi.add round "
+                 "trip at a time for %llu ms\n",
+                 f.clients, s.flood_window, f.clients - 1,
+                 static_cast<unsigned long long>(s.client_ms));
+    print_rows(out, s.fair);
+    std::fputs("light clients' p99 with the flooder / without: ", out);
+    cell_or_dash(out, "%.2fx", f.ratio, 1.0);
+    std::fprintf(out, " (target <= %.0fx)\n", kServerTargetFairness);
+  }
+}
+
+void print_server_json(std::FILE *out, const ServerReport &s) {
+  const ServerProc &p = s.server;
+  std::fputs(",\n  \"server\": {\"address\": ", out);
+  json_string(out, p.address.c_str());
+  std::fprintf(out, ", \"started\": %s, \"bin\": ", p.bin.empty() ? "false" : "true");
+  json_string(out, p.bin.c_str());
+  std::fprintf(out, ", \"pid\": %d, \"workers\": %u, \"exit_status\": %d, \"client_ms\": %llu",
+               int(p.pid), s.server_workers, p.exit_status,
+               static_cast<unsigned long long>(s.client_ms));
+  std::fputs(",\n    \"sweep\": [\n", out);
+  json_rows(out, "      ", s.sweep);
+  std::fputs("    ]", out);
+  const IdleFigures &i = s.idle;
+  std::fprintf(out, ",\n    \"idle\": {\"measured\": %s, \"clients\": %u, \"seconds\": ",
+               i.measured ? "true" : "false", i.clients);
+  json_number(out, i.seconds, "%.3f");
+  std::fputs(", \"server_cpu_pct\": ", out);
+  json_number(out, i.cpu_pct, "%.3f");
+  std::fprintf(out, ", \"target_cpu_pct\": %.1f, \"rss_base_kib\": ", kServerTargetIdleCpuPct);
+  json_number(out, i.rss_base_kib, "%.0f");
+  std::fputs(", \"rss_kib\": ", out);
+  json_number(out, i.rss_kib, "%.0f");
+  std::fprintf(out, ", \"wake_count\": %llu, \"wake_idle_ms\": ",
+               static_cast<unsigned long long>(i.wake_count));
+  json_number(out, i.wake_idle_ms, "%.0f");
+  std::fputs(", \"wake_p50_ns\": ", out);
+  json_number(out, i.wake_p50_ns);
+  std::fputs(", \"wake_max_ns\": ", out);
+  json_number(out, i.wake_max_ns);
+  std::fprintf(out, ", \"target_wake_p50_ns\": %.0f, \"note\": ", kServerTargetWakeP50Ns);
+  json_string(out, i.note.c_str());
+  const FairnessFigures &f = s.fairness;
+  std::fprintf(out, "},\n    \"fairness\": {\"measured\": %s, \"clients\": %u, \"flood_window\": %u, \"ratio\": ",
+               f.measured ? "true" : "false", f.clients, s.flood_window);
+  json_number(out, f.ratio, "%.3f");
+  std::fprintf(out, ", \"target_ratio\": %.1f, \"rows\": [\n", kServerTargetFairness);
+  json_rows(out, "      ", s.fair);
+  std::fputs("    ]}}", out);
+}
+
+bool server_ok(const ServerReport *s) {
+  if (!s) return true;
+  bool ok = s->server.exit_status <= 0 || !s->server.started;
+  for (const auto &r : s->sweep) ok = ok && r.status == CHI_OK;
+  for (const auto &r : s->fair) ok = ok && r.status == CHI_OK;
+  return ok;
+}
+
 }  // namespace
 
 Machine probe_machine(int32_t gpus, int32_t workers, bool pinned) {
@@ -84,10 +274,10 @@ Machine probe_machine(int32_t gpus, int32_t workers, bool pinned) {
   return m;
 }
 
-void link_floors(std::vector<chi_bench_row> &rows) {
+void link_floors(std::vector<chi_bench_row> &rows, const std::vector<chi_bench_row> *floors) {
   for (auto &row : rows) {
     if (row.floor[0] == '\0') continue;
-    for (const auto &f : rows) {
+    for (const auto &f : floors ? *floors : rows) {
       if (f.kind != CHI_BENCH_FLOOR || std::strcmp(f.name, row.floor) != 0) continue;
       row.floor_p50_ns = f.p50_ns;
       // A throughput row's p50 is latency under load, not a round trip: no ratio.
@@ -98,7 +288,7 @@ void link_floors(std::vector<chi_bench_row> &rows) {
 }
 
 void print_table(std::FILE *out, const Machine &m, const chi_bench_options &opt,
-                 const std::vector<chi_bench_row> &rows) {
+                 const std::vector<chi_bench_row> &rows, const ServerReport *srv) {
   std::fprintf(out, "chimaera-bench %s on %s: %u CPUs (%s), %d GPU(s), workers %s%s\n",
                chi_version_string(), m.hostname.c_str(), m.online_cpus, m.cpu_model.c_str(),
                m.gpus, m.workers ? std::to_string(m.workers).c_str() : "default",
@@ -109,43 +299,18 @@ void print_table(std::FILE *out, const Machine &m, const chi_bench_options &opt,
                static_cast<unsigned long long>(opt.iters),
                static_cast<unsigned long long>(opt.warmup), opt.payload,
                static_cast<unsigned long long>(opt.tput_tasks), opt.window, m.clock_ns);
-  std::fprintf(out, "%-26s %-10s %3s %8s %9s %9s %9s %9s %8s  %s\n", "row", "kind", "thr",
-               "count", "p50 us", "p99 us", "mean us", "Mops/s", "vs floor", "target");
-  for (const auto &r : rows) {
-    if (r.status != CHI_OK) {
-      std::fprintf(out, "%-26s %-10s FAILED: %s (%s)\n", r.name, chi_bench_kind_name(r.kind),
-                   chi_status_string(r.status), r.error);
-      continue;
-    }
-    std::fprintf(out, "%-26s %-10s %3u %8llu", r.name, chi_bench_kind_name(r.kind), r.threads,
-                 static_cast<unsigned long long>(r.count));
-    cell_us(out, r.p50_ns);
-    cell_us(out, r.p99_ns);
-    cell_us(out, r.mean_ns);
-    if (std::isnan(r.throughput))
-      std::fprintf(out, " %9s", "-");
-    else
-      std::fprintf(out, " %9.3f", r.throughput / 1e6);
-    if (std::isnan(r.ratio))
-      std::fprintf(out, " %8s", "-");
-    else
-      std::fprintf(out, " %7.1fx", r.ratio);
-    if (!std::isnan(r.target_p50_ns))
-      std::fprintf(out, "  p50 <= %.2f us", r.target_p50_ns / 1000.0);
-    else if (!std::isnan(r.target_throughput))
-      std::fprintf(out, "  >= %.1f Mops/s", r.target_throughput / 1e6);
-    std::fputc('\n', out);
-  }
+  print_rows(out, rows);
   std::fprintf(out,
                "\nvs floor: p50 / p50 of the floor row (%s for CPU routes), measured in this "
                "run.\nthroughput rows: p50/p99 are submit-to-result latency under load (1 task "
                "in 16).\n",
                "floor.cpu_pingpong");
+  if (srv && srv->enabled) print_server_table(out, *srv);
 }
 
 void print_json(std::FILE *out, const Machine &m, const chi_bench_options &opt,
-                const std::vector<chi_bench_row> &rows) {
-  bool ok = true;
+                const std::vector<chi_bench_row> &rows, const ServerReport *srv) {
+  bool ok = server_ok(srv);
   for (const auto &r : rows) ok = ok && r.status == CHI_OK;
   std::fputs("{\n  \"tool\": \"chimaera-bench\",\n  \"chimaera_version\": ", out);
   json_string(out, chi_version_string());
@@ -168,39 +333,10 @@ void print_json(std::FILE *out, const Machine &m, const chi_bench_options &opt,
                static_cast<unsigned long long>(opt.warmup),
                static_cast<unsigned long long>(opt.tput_tasks), opt.window, opt.threads,
                opt.payload);
-  for (size_t i = 0; i < rows.size(); i++) {
-    const auto &r = rows[i];
-    std::fputs("    {\"name\": ", out);
-    json_string(out, r.name);
-    std::fprintf(out, ", \"kind\": \"%s\", \"route\": ", chi_bench_kind_name(r.kind));
-    json_string(out, r.route);
-    std::fputs(", \"method\": ", out);
-    json_string(out, r.method);
-    std::fprintf(out, ", \"payload_bytes\": %u, \"threads\": %u, \"window\": %u, \"count\": %llu",
-                 r.payload_bytes, r.threads, r.window, static_cast<unsigned long long>(r.count));
-    std::fputs(", \"p50_ns\": ", out);
-    json_number(out, r.p50_ns);
-    std::fputs(", \"p99_ns\": ", out);
-    json_number(out, r.p99_ns);
-    std::fputs(", \"mean_ns\": ", out);
-    json_number(out, r.mean_ns);
-    std::fputs(", \"throughput_per_s\": ", out);
-    json_number(out, r.throughput, "%.0f");
-    std::fputs(", \"floor\": ", out);
-    json_string(out, r.floor);
-    std::fputs(", \"floor_p50_ns\": ", out);
-    json_number(out, r.floor_p50_ns);
-    std::fputs(", \"ratio\": ", out);
-    json_number(out, r.ratio, "%.3f");
-    std::fputs(", \"target_p50_ns\": ", out);
-    json_number(out, r.target_p50_ns);
-    std::fputs(", \"target_throughput_per_s\": ", out);
-    json_number(out, r.target_throughput, "%.0f");
-    std::fprintf(out, ", \"status\": %d, \"error\": ", r.status);
-    json_string(out, r.error);
-    std::fprintf(out, "}%s\n", i + 1 < rows.size() ? "," : "");
-  }
-  std::fprintf(out, "  ],\n  \"ok\": %s\n}\n", ok ? "true" : "false");
+  json_rows(out, "    ", rows);
+  std::fputs("  ]", out);
+  if (srv && srv->enabled) print_server_json(out, *srv);
+  std::fprintf(out, ",\n  \"ok\": %s\n}\n", ok ? "true" : "false");
 }
 
 }  // namespace chi_bench

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "bench_row.h"
+#include "server_routes.h"
 
 namespace chi_bench {
 
@@ -25,14 +26,18 @@ struct Machine {
 Machine probe_machine(int32_t gpus, int32_t workers, bool pinned);
 
 // Fills floor_p50_ns and ratio of every row that names a floor row present in
-// rows (ratio = p50 / floor p50); rows whose floor is missing keep NaN.
-void link_floors(std::vector<chi_bench_row> &rows);
+// rows, or in `floors` when given (ratio = p50 / floor p50); rows whose
+// floor is missing keep NaN.
+void link_floors(std::vector<chi_bench_row> &rows,
+                 const std::vector<chi_bench_row> *floors = nullptr);
 
+// srv: the client->server part (--server), or nullptr.
 void print_table(std::FILE *out, const Machine &m, const chi_bench_options &opt,
-                 const std::vector<chi_bench_row> &rows);
+                 const std::vector<chi_bench_row> &rows, const ServerReport *srv = nullptr);
 
-// One JSON object: tool, version, machine, options, rows (one per line), ok.
+// One JSON object: tool, version, machine, options, rows (one per line), ok;
+// with srv also "server": address, sweep rows, idle and fairness figures.
 void print_json(std::FILE *out, const Machine &m, const chi_bench_options &opt,
-                const std::vector<chi_bench_row> &rows);
+                const std::vector<chi_bench_row> &rows, const ServerReport *srv = nullptr);
 
 }  // namespace chi_bench

@@ -1,0 +1,290 @@
+#include "server_routes.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "cpu_floors.h"
+#include "cpu_routes.h"
+#include "tool_util.h"
+
+namespace chi_bench {
+namespace {
+
+void sleep_ms(uint64_t ms) {
+  struct timespec ts = {time_t(ms / 1000), long(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
+
+void init_row(chi_bench_row *row, const char *name, int kind, chi_method_t method,
+              uint32_t payload, uint32_t procs) {
+  chi_bench_row_init(row, name, kind);
+  std::snprintf(row->route, sizeof row->route, "CHI_ROUTE_CPU");
+  std::snprintf(row->method, sizeof row->method, "%s",
+                method == CHI_METHOD_ADD ? "chi.add" : "chi.echo");
+  std::snprintf(row->floor, sizeof row->floor, "%s", kXprocFloor);
+  row->payload_bytes = method == CHI_METHOD_ADD ? 16 : payload;
+  row->processes = procs;
+  row->threads = procs;
+}
+
+// Folds the results of the workers in [first, last) into *row: samples,
+// timed tasks, first failure.  Returns the tasks done.
+uint64_t fold(const std::vector<WorkResult> &res, size_t first, size_t last, chi_bench_row *row) {
+  std::vector<uint64_t> samples;
+  uint64_t done = 0;
+  for (size_t i = first; i < last; i++) {
+    const WorkResult &r = res[i];
+    done += r.done;
+    samples.insert(samples.end(), r.samples.begin(), r.samples.end());
+    if (r.status != CHI_OK && row->status == CHI_OK)
+      chi_bench_row_fail(row, r.status, "client %zu: %s", i + 1, r.error.c_str());
+  }
+  if (row->status == CHI_OK) {
+    double tput = row->throughput;
+    chi_bench_row_samples(row, samples.data(), samples.size());
+    row->throughput = tput;
+  }
+  row->count = done;
+  return done;
+}
+
+// Pipelined chi.echo from `procs` client processes sharing opt.tput_tasks.
+void pipelined(const chi_bench_options &opt, const ServerOptions &so, const ServerProc &srv,
+               uint32_t procs, chi_bench_row *row) {
+  char name[48];
+  std::snprintf(name, sizeof name, "client->server pipelined %up", procs);
+  init_row(row, name, CHI_BENCH_THROUGHPUT, CHI_METHOD_ECHO, opt.payload, procs);
+  row->window = opt.window;
+  if (procs >= 8) row->target_throughput = kServerTargetThroughput;
+  ClientPool pool;
+  std::string err;
+  if (!pool.start(srv.address, procs, so.sample_budget, &err)) {
+    chi_bench_row_fail(row, CHI_ERR_DISCONNECTED, "%s", err.c_str());
+    return;
+  }
+  Work w;
+  w.mode = kWorkPipeline;
+  w.method = CHI_METHOD_ECHO;
+  w.payload = opt.payload;
+  w.window = opt.window;
+  w.sample_every = 16;
+  w.warmup = std::max<uint64_t>(opt.warmup / procs, 2ull * opt.window);
+  w.count = std::max<uint64_t>(opt.tput_tasks / procs, 1);
+  std::vector<WorkResult> res;
+  uint64_t t0 = 0, t1 = 0;
+  if (!pool.run(std::vector<Work>(procs, w), 0, &t0, &t1, &res, &err)) {
+    chi_bench_row_fail(row, CHI_ERR_INTERNAL, "%s", err.c_str());
+    return;
+  }
+  uint64_t done = fold(res, 0, procs, row);
+  if (row->status == CHI_OK && done != w.count * procs)
+    chi_bench_row_fail(row, CHI_ERR_INTERNAL, "%llu of %llu tasks done",
+                       static_cast<unsigned long long>(done),
+                       static_cast<unsigned long long>(w.count * procs));
+  if (row->status == CHI_OK && t1 > t0) row->throughput = double(done) * 1e9 / double(t1 - t0);
+}
+
+Work round_trips(uint64_t warmup) {
+  Work w;
+  w.mode = kWorkRoundTrip;
+  w.method = CHI_METHOD_ADD;
+  w.window = 1;
+  w.sample_every = 1;
+  w.warmup = warmup;
+  return w;
+}
+
+// With every client of `pool` connected and idle: the server's CPU use and
+// RSS, then single round trips after idle_ms / 2 of quiet each.
+void idle_figures(const ServerOptions &so, const ServerProc &srv, ClientPool &pool,
+                  IdleFigures *f) {
+  f->measured = true;
+  f->clients = pool.size();
+  sleep_ms(300);  // pollers and client waiters go from spinning to sleeping
+  f->rss_kib = proc_rss_kib(srv.pid);
+  double c0 = proc_cpu_seconds(srv.pid);
+  uint64_t w0 = chi_tool_now_ns();
+  sleep_ms(so.idle_ms);
+  double c1 = proc_cpu_seconds(srv.pid);
+  uint64_t w1 = chi_tool_now_ns();
+  f->seconds = double(w1 - w0) / 1e9;
+  if (!std::isnan(c0) && !std::isnan(c1)) f->cpu_pct = (c1 - c0) / f->seconds * 100.0;
+  else f->note = "server CPU and RSS need its pid and /proc access";
+
+  std::vector<uint64_t> wakes;
+  f->wake_idle_ms = double(so.idle_ms) / 2;
+  for (uint32_t k = 0; k < so.wake_samples; k++) {
+    sleep_ms(so.idle_ms / 2);
+    std::vector<Work> work(pool.size());
+    Work &w = work[size_t(k) * pool.size() / so.wake_samples];
+    w = round_trips(0);
+    w.count = 1;
+    std::vector<WorkResult> res;
+    uint64_t t0 = 0, t1 = 0;
+    std::string err;
+    if (!pool.run(work, 0, &t0, &t1, &res, &err)) {
+      f->note = "wake-up: " + err;
+      break;
+    }
+    for (const auto &r : res) {
+      if (r.status != CHI_OK) f->note = "wake-up: " + r.error;
+      wakes.insert(wakes.end(), r.samples.begin(), r.samples.end());
+    }
+  }
+  chi_tool_stats_t st;
+  chi_tool_summarize(wakes.data(), wakes.size(), &st);
+  f->wake_count = st.count;
+  f->wake_p50_ns = st.p50_ns;
+  f->wake_max_ns = st.max_ns;
+}
+
+void sweep_point(const chi_bench_options &opt, const ServerOptions &so, const ServerProc &srv,
+                 uint32_t n, bool last, chi_bench_row *row, IdleFigures *idle) {
+  char name[48];
+  std::snprintf(name, sizeof name, "sweep chi.add %up", n);
+  init_row(row, name, CHI_BENCH_LATENCY, CHI_METHOD_ADD, 16, n);
+  ClientPool pool;
+  std::string err;
+  if (!pool.start(srv.address, n, so.sample_budget, &err)) {
+    chi_bench_row_fail(row, CHI_ERR_DISCONNECTED, "%s", err.c_str());
+    return;
+  }
+  int listed = server_client_count(srv.address);
+  if (srv.started && listed >= 0 && uint32_t(listed) != n)
+    std::fprintf(stderr, "chimaera-bench: %s: the server lists %d clients, not %u\n", name, listed,
+                 n);
+  Work w = round_trips(std::max<uint64_t>(opt.warmup / n, 100));
+  std::vector<WorkResult> res;
+  uint64_t t0 = 0, t1 = 0;
+  if (!pool.run(std::vector<Work>(n, w), so.client_ms * 1000000ull, &t0, &t1, &res, &err)) {
+    chi_bench_row_fail(row, CHI_ERR_INTERNAL, "%s", err.c_str());
+    return;
+  }
+  uint64_t done = fold(res, 0, n, row);
+  if (row->status == CHI_OK && t1 > t0) row->throughput = double(done) * 1e9 / double(t1 - t0);
+  if (last) idle_figures(so, srv, pool, idle);
+}
+
+void fairness(const chi_bench_options &opt, const ServerOptions &so, const ServerProc &srv,
+              ServerReport *rep) {
+  const uint32_t n = so.fairness;
+  FairnessFigures &f = rep->fairness;
+  f.measured = true;
+  f.clients = n;
+  rep->fair.resize(3);
+  char name[48];
+  std::snprintf(name, sizeof name, "fair light alone %up", n - 1);
+  init_row(&rep->fair[0], name, CHI_BENCH_LATENCY, CHI_METHOD_ADD, 16, n - 1);
+  std::snprintf(name, sizeof name, "fair light+flooder %up", n - 1);
+  init_row(&rep->fair[1], name, CHI_BENCH_LATENCY, CHI_METHOD_ADD, 16, n - 1);
+  std::snprintf(name, sizeof name, "fair flooder w%u", so.flood_window);
+  init_row(&rep->fair[2], name, CHI_BENCH_THROUGHPUT, CHI_METHOD_ADD, 16, 1);
+  rep->fair[2].window = so.flood_window;
+  auto fail_all = [&](chi_status_t st, const std::string &why) {
+    for (auto &r : rep->fair)
+      if (r.status == CHI_OK) chi_bench_row_fail(&r, st, "%s", why.c_str());
+  };
+  ClientPool pool;
+  std::string err;
+  if (!pool.start(srv.address, n, so.sample_budget, &err)) {
+    fail_all(CHI_ERR_DISCONNECTED, err);
+    return;
+  }
+  // Client 1 floods; the others do one round trip at a time.
+  std::vector<Work> work(n, round_trips(std::max<uint64_t>(opt.warmup / n, 100)));
+  Work flood = round_trips(0);
+  flood.mode = kWorkPipeline;
+  flood.window = so.flood_window;
+  flood.sample_every = 16;
+  flood.warmup = 2ull * so.flood_window;
+  const uint64_t dur = so.client_ms * 1000000ull;
+  for (int phase = 0; phase < 2; phase++) {
+    work[0] = phase == 0 ? Work() : flood;
+    std::vector<WorkResult> res;
+    uint64_t t0 = 0, t1 = 0;
+    if (!pool.run(work, dur, &t0, &t1, &res, &err)) {
+      fail_all(CHI_ERR_INTERNAL, err);
+      return;
+    }
+    chi_bench_row *light = &rep->fair[phase];
+    uint64_t done = fold(res, 1, n, light);
+    if (light->status == CHI_OK && t1 > t0)
+      light->throughput = double(done) * 1e9 / double(t1 - t0);
+    if (phase == 1) {
+      chi_bench_row *fl = &rep->fair[2];
+      uint64_t fd = fold(res, 0, 1, fl);
+      if (fl->status == CHI_OK && t1 > t0) fl->throughput = double(fd) * 1e9 / double(t1 - t0);
+    }
+  }
+  if (rep->fair[0].status == CHI_OK && rep->fair[1].status == CHI_OK && rep->fair[0].p99_ns > 0)
+    f.ratio = rep->fair[1].p99_ns / rep->fair[0].p99_ns;
+}
+
+}  // namespace
+
+bool run_server_rows(const chi_bench_options &opt, const ServerOptions &so, int32_t workers,
+                     const char *config, std::vector<chi_bench_row> &rows, ServerReport *rep,
+                     std::string *err) {
+  rep->enabled = true;
+  rep->client_ms = so.client_ms;
+  rep->flood_window = so.flood_window;
+  ServerProc &srv = rep->server;
+  if (so.server == "start") {
+    std::string bin = so.server_bin.empty() ? default_server_bin() : so.server_bin;
+    if (!start_server(bin, workers, config, &srv, err)) return false;
+  } else if (!attach_server(so.server.c_str(), &srv, err)) {
+    return false;
+  }
+  rep->idle.rss_base_kib = proc_rss_kib(srv.pid);
+
+  // One client: this process, through the same code as the embedded rows.
+  chi_config_t cfg;
+  chi_config_init(&cfg);
+  cfg.mode = CHI_MODE_CLIENT;
+  cfg.server_address = srv.address.c_str();
+  chi_runtime_t *rt = nullptr;
+  rows.emplace_back();
+  chi_bench_row *lat = &rows.back();
+  chi_status_t st = chi_init(&cfg, &rt);
+  if (st != CHI_OK) {
+    chi_bench_row_init(lat, "client->server", CHI_BENCH_LATENCY);
+    chi_bench_row_fail(lat, st, "chi_init: %s", chi_last_error_message());
+  } else {
+    chi_stats_t stats;
+    std::memset(&stats, 0, sizeof stats);
+    stats.struct_size = sizeof stats;
+    if (chi_stats(rt, &stats) == CHI_OK) rep->server_workers = stats.workers;
+    cpu_latency(rt, CHI_ROUTE_CPU, "client->server", "CHI_ROUTE_CPU", opt, lat);
+    chi_finalize(rt);
+  }
+  std::snprintf(lat->floor, sizeof lat->floor, "%s", kXprocFloor);
+  lat->target_p50_ns = kServerTargetP50Ns;
+  lat->processes = 1;
+
+  rows.emplace_back();
+  pipelined(opt, so, srv, 1, &rows.back());
+  if (so.procs > 1) {
+    rows.emplace_back();
+    pipelined(opt, so, srv, so.procs, &rows.back());
+  }
+
+  uint32_t most = 0;
+  for (uint32_t n : so.clients) most = std::max(most, n);
+  bool idle_done = false;
+  for (uint32_t n : so.clients) {
+    rep->sweep.emplace_back();
+    bool last = n == most && !idle_done;
+    sweep_point(opt, so, srv, n, last, &rep->sweep.back(), &rep->idle);
+    idle_done = idle_done || last;
+  }
+  if (so.fairness >= 2) fairness(opt, so, srv, rep);
+  stop_server(&srv);
+  return true;
+}
+
+}  // namespace chi_bench

@@ -1,0 +1,76 @@
+// Client->server rows (chimaera-bench --server): round trip and pipelined
+// throughput from client processes over shared memory, the client-count
+// sweep, the idle cost of connected clients and fairness under a flooding
+// client.  Every row names floor.xproc_pingpong, measured in the same run.
+#pragma once
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "bench_row.h"
+#include "server_proc.h"
+
+namespace chi_bench {
+
+// Targets of the server issues (docs/performance.md).
+inline constexpr double kServerTargetP50Ns = 1500.0;        // round trip, one client
+inline constexpr double kServerTargetThroughput = 5e6;      // 8 client processes
+inline constexpr double kServerTargetIdleCpuPct = 2.0;      // idle clients connected
+inline constexpr double kServerTargetWakeP50Ns = 20000.0;   // first task after idle
+inline constexpr double kServerTargetFairness = 5.0;        // light p99 flooded / alone
+
+struct ServerOptions {
+  std::string server;            // ADDR, or "start"; empty: no client->server rows
+  std::string server_bin;        // --server start: the binary (default: next to this one)
+  uint32_t procs = 8;            // client processes of the multi-process pipelined row
+  std::vector<uint32_t> clients; // --clients sweep; empty: none
+  uint32_t fairness = 0;         // clients of the fairness run (one floods); 0: none
+  uint32_t flood_window = 512;   // the flooding client's tasks in flight
+  uint64_t client_ms = 1000;     // length of each sweep and fairness run
+  uint64_t idle_ms = 2000;       // idle-CPU window; wake-ups follow idle_ms / 2 of idle
+  uint32_t wake_samples = 5;     // wake-up round trips (each on another client)
+  uint64_t sample_budget = 4u << 20;  // latency samples kept per run, all clients
+};
+
+struct IdleFigures {
+  bool measured = false;
+  uint32_t clients = 0;        // connected and idle
+  double seconds = NAN;        // CPU window
+  double cpu_pct = NAN;        // server CPU over the window, % of one core
+  double rss_base_kib = NAN;   // server RSS before any bench client
+  double rss_kib = NAN;        // server RSS with `clients` connected
+  uint64_t wake_count = 0;
+  double wake_idle_ms = NAN;   // idle before each wake-up task
+  double wake_p50_ns = NAN, wake_max_ns = NAN;
+  std::string note;            // why something is missing
+};
+
+struct FairnessFigures {
+  bool measured = false;
+  uint32_t clients = 0;        // 1 flooder + clients - 1 light ones
+  double ratio = NAN;          // light p99 with the flooder / light p99 alone
+  std::string note;
+};
+
+struct ServerReport {
+  bool enabled = false;
+  ServerProc server;
+  uint32_t server_workers = 0;          // from chi_stats
+  std::vector<chi_bench_row> sweep;     // one row per client count
+  IdleFigures idle;
+  FairnessFigures fairness;             // rows "fair.*" are in `fair`
+  std::vector<chi_bench_row> fair;
+  uint64_t client_ms = 0;
+  uint32_t flood_window = 0;
+};
+
+// Starts or attaches the server, adds the client->server latency and
+// pipelined rows to `rows`, runs the sweep, idle and fairness parts into
+// *rep, stops a started server.  Returns false (err set) when no server could
+// be started or reached; failures of single rows are in those rows.
+bool run_server_rows(const chi_bench_options &opt, const ServerOptions &so, int32_t workers,
+                     const char *config, std::vector<chi_bench_row> &rows, ServerReport *rep,
+                     std::string *err);
+
+}  // namespace chi_bench
