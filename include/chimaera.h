@@ -175,9 +175,12 @@ typedef chi_status_t (*chi_handler_t)(chi_request_t *req, void *user_data);
  *   user_data [in]  passed to every call of fn; not owned by the runtime.
  *   method    [out] the method id, fixed for the runtime's life (may be NULL).
  * A name that so far has only a GPU handler (a user orchestrator's method)
- * gains this CPU handler under the same id.
+ * gains this CPU handler under the same id.  Ids are unique among the live
+ * runtimes of a process (the built-ins' fixed ids aside), so an id used with
+ * another runtime is refused there (CHI_ERR_NOT_FOUND from chi_submit).
  * Returns CHI_OK, CHI_ERR_INVALID (NULL or bad argument, name already has a
- * CPU handler), CHI_ERR_NOMEM (method table full), CHI_ERR_SHUTDOWN.
+ * CPU handler), CHI_ERR_NOMEM (method table full: 4092 methods among the
+ * live runtimes of the process), CHI_ERR_SHUTDOWN.
  * Thread safety: safe; tasks may already be running. */
 CHI_API chi_status_t chi_register_handler(chi_runtime_t *rt, const char *name, chi_handler_t fn,
                                           void *user_data, chi_method_t *method);
@@ -195,10 +198,13 @@ CHI_API chi_status_t chi_method_lookup(chi_runtime_t *rt, const char *name, chi_
  *   input      [in] input_size bytes, copied before the call returns (may be
  *              NULL when input_size is 0).
  *   future     [out] handle for chi_wait/chi_test/chi_release.
- * Returns CHI_OK, CHI_ERR_INVALID (NULL rt/future, bad route, GPU number out of
- * range, method 0 or never registered), CHI_ERR_TOO_LARGE (input_size over
- * max_inline_payload), CHI_ERR_AGAIN (every task slot in use: at once in the
- * non-blocking submit mode or from a handler, else after submit_timeout_ms),
+ * Returns CHI_OK, CHI_ERR_INVALID (NULL rt/future, NULL input with a size,
+ * method 0, bad route, GPU number out of range), CHI_ERR_NOT_FOUND (a method
+ * id never registered on this runtime, or one of another runtime: refused,
+ * never run), CHI_ERR_TOO_LARGE (input_size over max_inline_payload),
+ * CHI_ERR_AGAIN (every task slot in use, all queue_depth of them: at once in
+ * the non-blocking submit mode or from a handler, else after
+ * submit_timeout_ms), CHI_ERR_NOMEM (no memory for more task slots),
  * CHI_ERR_NO_DEVICE (GPU route, no usable GPU), CHI_ERR_SHUTDOWN.
  * A method registered but without a handler on the chosen executor is not an
  * error here: chi_wait returns CHI_ERR_NOT_FOUND.

@@ -364,9 +364,9 @@ static void test_submit_validation(void **state) {
 
   assert_status(CHI_ERR_INVALID, chi_submit(rt, CHI_ROUTE_CPU, 0, in, sizeof in, &f));
   assert_has_message();
-  assert_status(CHI_ERR_INVALID, chi_submit(rt, CHI_ROUTE_CPU, 4000, in, sizeof in, &f));
+  assert_status(CHI_ERR_NOT_FOUND, chi_submit(rt, CHI_ROUTE_CPU, 4000, in, sizeof in, &f));
   assert_has_message();
-  assert_status(CHI_ERR_INVALID, chi_submit(rt, CHI_ROUTE_CPU, UINT32_MAX, in, sizeof in, &f));
+  assert_status(CHI_ERR_NOT_FOUND, chi_submit(rt, CHI_ROUTE_CPU, UINT32_MAX, in, sizeof in, &f));
 
   const chi_route_t bad_routes[] = {-4, -100, INT32_MIN};
   for (size_t i = 0; i < sizeof bad_routes / sizeof bad_routes[0]; i++) {

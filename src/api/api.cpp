@@ -256,8 +256,14 @@ namespace {
 
 chi_status_t engine_submit(chi::Runtime *e, chi_route_t route, chi_method_t method,
                            const void *input, size_t input_size, chi_future_t *future) {
-  if (!e->registry().get(method))
-    return set_error(CHI_ERR_INVALID, "method %u was never registered", method);
+  if (method == 0) return set_error(CHI_ERR_INVALID, "method 0 is never a valid method id");
+  if (!e->registry().get(method)) {
+    // Ids are unique among live runtimes: another runtime's id is refused
+    // here, never run as whatever this runtime registered under that number.
+    if (chi::method_id_in_use(method))
+      return set_error(CHI_ERR_NOT_FOUND, "method %u is a method of another runtime", method);
+    return set_error(CHI_ERR_NOT_FOUND, "method %u was never registered on this runtime", method);
+  }
   // Handlers still drain during chi_finalize and may submit follow-up work.
   if (e->stopping() && !e->cpu().on_worker_thread())
     return set_error(CHI_ERR_SHUTDOWN, "runtime is shutting down");
@@ -289,7 +295,7 @@ CHI_API chi_status_t chi_submit(chi_runtime_t *rt, chi_route_t route, chi_method
       return rt->client->submit(route, method, input, input_size, future);
     // One of this client's own handlers: it runs here, on the local pool.
     chi::Runtime *l = rt->client->local_if_any();
-    if (!l) return set_error(CHI_ERR_INVALID, "method %#x was never registered", method);
+    if (!l) return set_error(CHI_ERR_NOT_FOUND, "method %#x was never registered", method);
     if (route != CHI_ROUTE_CPU && route != CHI_ROUTE_LOCAL)
       return set_error(CHI_ERR_NOT_FOUND,
                        "method %#x is a handler of this client process: only CHI_ROUTE_CPU runs it",

@@ -1,10 +1,50 @@
 #include "core/registry.h"
 
+#include <bitset>
 #include <cstring>
 
 #include "api/error.h"
 
 namespace chi {
+
+namespace {
+
+// The first id past the built-ins, which every runtime registers first.
+constexpr uint32_t kFirstUserMethod = CHI_METHOD_CHECKSUM + 1;
+
+// Ids of the methods of live runtimes.  Next-fit from a moving cursor: a
+// freed id comes back only after every other free id was handed out, so an
+// id kept past its runtime's end is unlikely to name a method of a new one.
+std::mutex g_ids_mu;
+std::bitset<kMaxMethods> g_ids_used;
+uint32_t g_id_next = kFirstUserMethod;
+
+uint32_t acquire_method_id() {
+  std::lock_guard<std::mutex> lock(g_ids_mu);
+  const uint32_t span = kMaxMethods - kFirstUserMethod;
+  for (uint32_t k = 0; k < span; ++k) {
+    uint32_t id = kFirstUserMethod + (g_id_next - kFirstUserMethod + k) % span;
+    if (!g_ids_used.test(id)) {
+      g_ids_used.set(id);
+      g_id_next = id + 1 < kMaxMethods ? id + 1 : kFirstUserMethod;
+      return id;
+    }
+  }
+  return 0;
+}
+
+void release_method_id(uint32_t id) {
+  std::lock_guard<std::mutex> lock(g_ids_mu);
+  g_ids_used.reset(id);
+}
+
+}  // namespace
+
+bool method_id_in_use(chi_method_t id) {
+  if (id < kFirstUserMethod || id >= kMaxMethods) return false;
+  std::lock_guard<std::mutex> lock(g_ids_mu);
+  return g_ids_used.test(id);
+}
 
 chi_status_t check_method_name(const char *name) {
   if (!name) return set_error(CHI_ERR_INVALID, "method name is NULL");
@@ -20,7 +60,30 @@ chi_status_t check_method_name(const char *name) {
   return CHI_OK;
 }
 
-Registry::Registry() : entries_(new MethodEntry[kMaxMethods]) {}
+Registry::Registry() = default;
+
+Registry::~Registry() {
+  for (auto &c : chunks_) {
+    MethodEntry *chunk = c.load(std::memory_order_relaxed);
+    if (!chunk) continue;
+    for (uint32_t i = 0; i < kChunk; ++i) {
+      uint32_t id = uint32_t(&c - chunks_) * kChunk + i;
+      if (id >= kFirstUserMethod && chunk[i].live.load(std::memory_order_relaxed))
+        release_method_id(id);
+    }
+    delete[] chunk;
+  }
+}
+
+MethodEntry *Registry::entry_for(chi_method_t id) {
+  std::atomic<MethodEntry *> &c = chunks_[id / kChunk];
+  MethodEntry *chunk = c.load(std::memory_order_relaxed);
+  if (!chunk) {
+    chunk = new MethodEntry[kChunk];
+    c.store(chunk, std::memory_order_release);
+  }
+  return &chunk[id % kChunk];
+}
 
 chi_status_t Registry::add(const char *name, bool cpu, chi_handler_t fn, void *user_data,
                            chi_method_t *id) {
@@ -28,7 +91,7 @@ chi_status_t Registry::add(const char *name, bool cpu, chi_handler_t fn, void *u
   std::lock_guard<std::mutex> lock(mu_);
   auto it = by_name_.find(name);
   if (it != by_name_.end()) {
-    MethodEntry &e = entries_[it->second];
+    MethodEntry &e = *entry_for(it->second);
     bool taken = cpu ? e.cpu_fn.load() != nullptr : e.gpu.load();
     if (taken)
       return set_error(CHI_ERR_INVALID, "method '%s' already has a %s handler", name,
@@ -42,16 +105,27 @@ chi_status_t Registry::add(const char *name, bool cpu, chi_handler_t fn, void *u
     if (id) *id = it->second;
     return CHI_OK;
   }
-  uint32_t next = count_.load(std::memory_order_relaxed);
-  if (next >= kMaxMethods)
-    return set_error(CHI_ERR_NOMEM, "method table full (%u methods)", kMaxMethods - 1);
-  MethodEntry &e = entries_[next];
-  std::memcpy(e.name, name, strlen(name) + 1);
-  e.user_data.store(user_data, std::memory_order_relaxed);
-  e.cpu_fn.store(cpu ? fn : nullptr, std::memory_order_relaxed);
-  e.gpu.store(!cpu, std::memory_order_relaxed);
-  by_name_.emplace(name, next);
-  count_.store(next + 1, std::memory_order_release);  // publishes the entry
+  // The built-ins are registered first, under their fixed ids; every other
+  // name takes an id no other live runtime holds.
+  uint32_t next = builtins_ < kFirstUserMethod ? builtins_++ : acquire_method_id();
+  if (next == 0)
+    return set_error(CHI_ERR_NOMEM, "method table full: the live runtimes of this process hold %u methods",
+                     kMaxMethods - kFirstUserMethod);
+  MethodEntry *e;
+  try {
+    e = entry_for(next);
+    by_name_.emplace(name, next);
+  } catch (...) {  // out of memory: nothing is published yet
+    if (next >= kFirstUserMethod) release_method_id(next);
+    throw;
+  }
+  std::memcpy(e->name, name, strlen(name) + 1);
+  e->user_data.store(user_data, std::memory_order_relaxed);
+  e->cpu_fn.store(cpu ? fn : nullptr, std::memory_order_relaxed);
+  e->gpu.store(!cpu, std::memory_order_relaxed);
+  e->live.store(true, std::memory_order_release);  // publishes the entry
+  if (next + 1 > limit_.load(std::memory_order_relaxed))
+    limit_.store(next + 1, std::memory_order_release);
   if (id) *id = next;
   return CHI_OK;
 }
@@ -80,7 +154,11 @@ chi_status_t run_cpu_handler(const Registry &reg, chi_method_t method, chi_route
                              size_t output_capacity, size_t *output_size) {
   *output_size = 0;
   const MethodEntry *e = reg.get(method);
-  if (!e) return set_error(CHI_ERR_NOT_FOUND, "method %u is not registered", method);
+  if (!e) {
+    if (method_id_in_use(method))
+      return set_error(CHI_ERR_NOT_FOUND, "method %u belongs to another runtime", method);
+    return set_error(CHI_ERR_NOT_FOUND, "method %u is not registered", method);
+  }
   chi_handler_t fn = e->cpu_fn.load(std::memory_order_acquire);
   if (!fn) return set_error(CHI_ERR_NOT_FOUND, "method '%s' has no CPU handler", e->name);
   chi_request_t req;

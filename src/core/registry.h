@@ -1,5 +1,11 @@
-// Method table: names to ids, ids to handlers.  Ids are dense, start at 1, and
-// never change; lookups by id are lock-free so workers and pollers never block.
+// Method table: names to ids, ids to handlers.  Ids never change while the
+// runtime lives and lookups by id are lock-free, so workers and pollers never
+// block.  Ids of registered methods are unique among the live runtimes of a
+// process (one process-wide allocator): an id handed to another runtime is
+// not in that runtime's table and is refused instead of running whatever it
+// registered under the same number.  The built-in ids 1..3 belong to every
+// runtime.  Ids stay below kMaxMethods, so GPU dispatch tables index them
+// directly, and never set the client-local bit 0x40000000.
 #pragma once
 
 #include <atomic>
@@ -19,30 +25,46 @@ constexpr size_t kMaxMethodName = 127;
 struct MethodEntry {
   std::atomic<chi_handler_t> cpu_fn{nullptr};
   std::atomic<void *> user_data{nullptr};
-  std::atomic<bool> gpu{false};  // some GPU orchestrator serves it
+  std::atomic<bool> gpu{false};   // some GPU orchestrator serves it
+  std::atomic<bool> live{false};  // registered on this runtime; publishes the rest
   char name[kMaxMethodName + 1] = {};
 };
+
+// True when some live runtime of this process holds `id` (for messages only).
+bool method_id_in_use(chi_method_t id);
 
 class Registry {
  public:
   Registry();
+  ~Registry();
+  Registry(const Registry &) = delete;
+  Registry &operator=(const Registry &) = delete;
   // A new CPU method, or a CPU handler for a name that so far has only a GPU handler.
   chi_status_t add_cpu(const char *name, chi_handler_t fn, void *user_data, chi_method_t *id);
   // A GPU method, or a GPU handler for a name that so far has only a CPU handler.
   chi_status_t add_gpu(const char *name, chi_method_t *id);
   chi_status_t lookup(const char *name, chi_method_t *id) const;
-  // The entry of a registered id, else nullptr.  Lock-free.
+  // The entry of an id this registry handed out, else nullptr.  Lock-free.
   const MethodEntry *get(chi_method_t id) const {
-    return (id >= 1 && id < count_.load(std::memory_order_acquire)) ? &entries_[id] : nullptr;
+    if (id == 0 || id >= kMaxMethods) return nullptr;
+    const MethodEntry *chunk = chunks_[id / kChunk].load(std::memory_order_acquire);
+    if (!chunk) return nullptr;
+    const MethodEntry *e = &chunk[id % kChunk];
+    return e->live.load(std::memory_order_acquire) ? e : nullptr;
   }
   // One past the largest id handed out.
-  uint32_t limit() const { return count_.load(std::memory_order_acquire); }
+  uint32_t limit() const { return limit_.load(std::memory_order_acquire); }
 
  private:
+  // Entries come in chunks made on first use: an idle runtime with a few
+  // methods holds one or two chunks, not the whole table.
+  static constexpr uint32_t kChunk = 64;
   chi_status_t add(const char *name, bool cpu, chi_handler_t fn, void *user_data, chi_method_t *id);
+  MethodEntry *entry_for(chi_method_t id);  // under mu_; makes the chunk
 
-  std::unique_ptr<MethodEntry[]> entries_;
-  std::atomic<uint32_t> count_{1};
+  std::atomic<MethodEntry *> chunks_[kMaxMethods / kChunk] = {};
+  std::atomic<uint32_t> limit_{1};
+  uint32_t builtins_ = 1;  // the next built-in id, under mu_
   mutable std::mutex mu_;
   std::unordered_map<std::string, chi_method_t> by_name_;
 };

@@ -258,7 +258,7 @@ program fortran_basic
 
   ! Unknown method id.
   call rt%submit(CHI_ROUTE_CPU, 4000_c_int32_t, bytes_in, fut, stat)
-  call expect_stat(stat, CHI_ERR_INVALID, "submit of an unregistered method id")
+  call expect_stat(stat, CHI_ERR_NOT_FOUND, "submit of an unregistered method id")
 
   ! A task that blocks: a bounded wait times out and leaves the future valid.
   call rt%register_handler("c.block", ftest_block_handler, method=m_block)

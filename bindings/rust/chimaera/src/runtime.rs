@@ -85,7 +85,8 @@ impl Method {
     pub const CHECKSUM: Method = Method(sys::CHI_METHOD_CHECKSUM);
 
     /// A method from its raw id (not checked here: submitting an id that was
-    /// never registered fails with [`Status::Invalid`]).
+    /// never registered on that runtime, or one of another runtime, fails
+    /// with [`Status::NotFound`]; id 0 with [`Status::Invalid`]).
     pub const fn from_id(id: sys::chi_method_t) -> Method {
         Method(id)
     }
@@ -161,9 +162,11 @@ impl RuntimeRef {
     ///
     /// # Errors
     ///
-    /// [`Status::Invalid`] (bad route, GPU number out of range, method
-    /// never registered), [`Status::TooLarge`] (input over
-    /// `max_inline_payload`), [`Status::Again`] (every task slot in use),
+    /// [`Status::Invalid`] (bad route, GPU number out of range, method id
+    /// 0), [`Status::NotFound`] (method never registered on this runtime, or
+    /// a method of another runtime: refused, never run),
+    /// [`Status::TooLarge`] (input over `max_inline_payload`),
+    /// [`Status::Again`] (every task slot in use),
     /// [`Status::NoDevice`] (GPU route without a usable GPU),
     /// [`Status::Shutdown`].  A method with no handler on the chosen executor
     /// fails later, at [`Future::wait`], with [`Status::NotFound`].

@@ -62,7 +62,7 @@ fn invalid() {
     let rt = runtime();
     let never = Method::from_id(9999);
     let err = rt.submit(Route::Cpu, never, b"").unwrap_err();
-    assert_eq!(err.status(), Status::Invalid);
+    assert_eq!(err.status(), Status::NotFound);
     assert!(!err.message().is_empty());
     assert!(err.to_string().contains(err.message()));
     assert_eq!(
