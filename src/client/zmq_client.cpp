@@ -166,16 +166,19 @@ chi_status_t ZmqClient::open(bool control) {
   if (control) return CHI_OK;
   if (w.nslots < 2 || (w.nslots & (w.nslots - 1)) || w.nslots > (1u << 16) || w.max_payload > ipc::kMaxFramePayload)
     return set_error(CHI_ERR_PROTOCOL, "%s sent a malformed session shape", a.c_str());
-  nslots_ = w.nslots;
   max_payload_ = w.max_payload;
   gpus_ = w.gpus;
   note_method_limit(w.method_limit);
-  slots_.reset(new Slot[nslots_]);
-  free_.init(nslots_);
-  for (uint32_t i = nslots_; i-- > 0;) free_.push(i);
-  out_slots_.reserve(nslots_);
+  slots_.reset(new Slot[w.nslots]);
+  free_.init(w.nslots);
+  for (uint32_t i = w.nslots; i-- > 0;) free_.push(i);
+  {
+    std::lock_guard<std::mutex> out(out_mu_);
+    out_slots_.reserve(w.nslots);
+  }
+  nslots_.store(w.nslots, std::memory_order_release);
   log(LogLevel::kInfo, "connected to %s as session %u (%u slots, %u-byte payloads, %d GPU(s))", a.c_str(),
-      w.session_id, nslots_, max_payload_, gpus_);
+      w.session_id, nslots_.load(), max_payload_, gpus_);
   return CHI_OK;
 }
 
@@ -193,7 +196,8 @@ void ZmqClient::mark_gone(const char *why) {
   }
   reply_cv_.notify_all();
   // Wake every sleeping waiter: their calls answer DISCONNECTED now.
-  for (uint32_t i = 0; i < nslots_; ++i)
+  const uint32_t n = nslots_.load(std::memory_order_acquire);
+  for (uint32_t i = 0; i < n; ++i)
     if (slots_[i].word.load(std::memory_order_relaxed) & kSleeper) futex_wake(&slots_[i].word);
   free_seq_.fetch_add(1, std::memory_order_release);
   futex_wake(&free_seq_);
@@ -325,7 +329,7 @@ void ZmqClient::io_receive() {
       reply_cv_.notify_all();
     } else if (f.kind == ipc::Kind::kResult && !(f.id & kControlBit)) {
       uint32_t i = uint32_t(f.id), gen = uint32_t(f.id >> 32);
-      if (i < nslots_ && f.size <= max_payload_) {
+      if (i < nslots_.load(std::memory_order_acquire) && f.size <= max_payload_) {
         Slot &s = slots_[i];
         uint32_t w = s.word.load(std::memory_order_acquire);
         if (gen_of(w) == gen && (st_of(w) == kPending || st_of(w) == kOrphan)) {
@@ -425,7 +429,7 @@ chi_status_t ZmqClient::submit(chi_route_t route, chi_method_t method, const voi
     if (gone_.load(std::memory_order_acquire)) return disconnected("chi_submit");
     return set_error(CHI_ERR_AGAIN, cfg_.submit_blocking ? "all %u client slots stayed in use for %u ms"
                                                          : "all %u client slots are in use",
-                     nslots_, cfg_.submit_timeout_ms);
+                     nslots_.load(std::memory_order_relaxed), cfg_.submit_timeout_ms);
   }
   Slot &s = slots_[i];
   const uint32_t gen = (gen_of(s.word.load(std::memory_order_relaxed)) + 1) & kGenMask;
@@ -443,7 +447,8 @@ chi_status_t ZmqClient::submit(chi_route_t route, chi_method_t method, const voi
 }
 
 chi_status_t ZmqClient::check(uint32_t slot, uint32_t gen) const {
-  if (slot >= nslots_) return set_error(CHI_ERR_INVALID, "unknown future (slot %u)", slot);
+  if (slot >= nslots_.load(std::memory_order_relaxed))
+    return set_error(CHI_ERR_INVALID, "unknown future (slot %u)", slot);
   uint32_t w = slots_[slot].word.load(std::memory_order_acquire);
   uint32_t st = st_of(w);
   if (gen_of(w) != gen || (st != kPending && st != kDone))

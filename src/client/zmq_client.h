@@ -69,7 +69,9 @@ class ZmqClient final : public Client {
   std::atomic<bool> gone_{false};
   std::string gone_why_;
   uint32_t max_payload_ = 0;
-  uint32_t nslots_ = 0;
+  // Set once after the handshake; the I/O thread may read it earlier (a
+  // broken server's early result, a lost connection): published by nslots_.
+  std::atomic<uint32_t> nslots_{0};
   std::unique_ptr<Slot[]> slots_;
   FreeStack free_;
   alignas(64) std::atomic<uint32_t> free_seq_{0};
