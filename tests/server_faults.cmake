@@ -10,3 +10,6 @@ foreach(transport ipc tcp)
   set_tests_properties(test_server_${transport} PROPERTIES TIMEOUT 300 LABELS server
     ENVIRONMENT "CHI_TEST_TRANSPORT=${transport}")
 endforeach()
+
+# Another Unix user cannot reach a server (root only: skipped otherwise).
+chi_add_test(test_access SOURCES test_access.c TIMEOUT 120 LABELS server)
