@@ -320,7 +320,8 @@ void test_round_trips_from_threads(void **) {
   assert_status(CHI_OK, chi_method_lookup(c, "test.sleep", &m));
   assert_int_equal(m, f.sleep_method);
   assert_status(CHI_ERR_NOT_FOUND, chi_method_lookup(c, "no.such.method", &m));
-  assert_status(CHI_ERR_INVALID, chi_submit(c, CHI_ROUTE_CPU, 4000, "x", 1, &fu));
+  assert_status(CHI_ERR_NOT_FOUND, chi_submit(c, CHI_ROUTE_CPU, 4000, "x", 1, &fu));
+  assert_status(CHI_ERR_INVALID, chi_submit(c, CHI_ROUTE_CPU, 0, "x", 1, &fu));
   // Routes: GPU routes answer as the server can (no GPU in this server).
   assert_status(CHI_ERR_NO_DEVICE, chi_submit(c, CHI_ROUTE_GPU_ANY, CHI_METHOD_ECHO, "x", 1, &fu));
   // A handler registered in the client runs in the client.

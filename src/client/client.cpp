@@ -110,8 +110,10 @@ chi_status_t Client::check_submit(chi_route_t route, chi_method_t method, size_t
     if (method != 0 && control(ipc::Op::kMethodLimit, 0, nullptr, 0, &r, sizeof r, &n) == CHI_OK &&
         n >= sizeof r && !(r.method & kLocalMethodBit))
       note_method_limit(r.method);
-    if (method == 0 || method >= method_limit_.load(std::memory_order_relaxed))
-      return set_error(CHI_ERR_INVALID, "method %u was never registered", method);
+    if (method == 0) return set_error(CHI_ERR_INVALID, "method 0 is never a valid method id");
+    if (method >= method_limit_.load(std::memory_order_relaxed))
+      return set_error(CHI_ERR_NOT_FOUND, "method %u was never registered in the server %s", method,
+                       address_.c_str());
   }
   if (input_size > max_payload)
     return set_error(CHI_ERR_TOO_LARGE, "input of %zu bytes over the server's max_inline_payload %u",
