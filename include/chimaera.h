@@ -119,6 +119,13 @@ typedef struct chi_config {
                                  "tcp://HOST:PORT"; NULL: from config/env    */
   int32_t num_workers;        /* CPU worker threads; 0: from config/default   */
   int32_t gpus;               /* -1: all visible GPUs (default), 0: none       */
+  /* Any settings of the configuration file, as YAML text ("queue_depth:
+   * 4096\nworker_stack_size: 64M\n"); nested keys may also be written
+   * dotted ("gpu.lease_us: 0").  NULL or "": none.  Applied over the file
+   * and the environment; the fields above win over the same keys here.
+   * Errors name "chi_config_t.settings:LINE:COLUMN" (CHI_ERR_CONFIG).
+   * Lets bindings reach every key without a field per key. */
+  const char *settings;
 } chi_config_t;
 
 /* Fills *cfg with defaults and sets struct_size.  NULL is ignored.
@@ -129,12 +136,12 @@ CHI_API void chi_config_init(chi_config_t *cfg);
  *   cfg  [in]  options, or NULL for defaults; read only during the call.
  *   rt   [out] the new runtime; set to NULL on failure.
  * Settings are taken, lowest to highest priority, from built-in defaults, the
- * YAML file (cfg->config_path, else $CHI_CONFIG), CHI_* environment variables
- * and non-default fields of *cfg.  Built-in methods are registered and the
+ * YAML file (cfg->config_path, else $CHI_CONFIG), CHI_* environment variables,
+ * cfg->settings and the other non-default fields of *cfg.  Built-in methods are registered and the
  * worker threads started before it returns.
  * Returns CHI_OK, CHI_ERR_INVALID (NULL rt, bad struct_size or field),
  * CHI_ERR_CONFIG (file unreadable, unknown key, wrong type, out of range: the
- * message names file:line:column), CHI_ERR_NOMEM, CHI_ERR_NO_DEVICE (cfg->gpus
+ * message names file:line:column, or chi_config_t.settings:line:column), CHI_ERR_NOMEM, CHI_ERR_NO_DEVICE (cfg->gpus
  * > 0 but fewer GPUs usable), CHI_ERR_DISCONNECTED (client mode, no server),
  * CHI_ERR_INTERNAL.
  * Ownership: the caller owns *rt and releases it with chi_finalize.

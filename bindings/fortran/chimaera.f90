@@ -213,10 +213,14 @@ contains
 
   ! Starts a runtime.  Absent arguments keep chi_config_init's defaults (then
   ! the YAML file, CHI_* environment).  num_workers 0: from config; gpus -1:
-  ! all visible, 0: none.  Fails with CHI_ERR_INVALID if this object already
-  ! holds a runtime (that failure sets no library message).
+  ! all visible, 0: none.  settings: any keys of the configuration file as
+  ! YAML text, nested keys dotted, e.g.
+  !   settings="{worker_stack_size: 64M, queue_depth: 262144, gpu.lease_us: 0}"
+  ! (chi_config_t%settings: over the file and environment, under the other
+  ! arguments).  Fails with CHI_ERR_INVALID if this object already holds a
+  ! runtime (that failure sets no library message).
   recursive subroutine runtime_init(self, config_path, num_workers, gpus, mode, &
-                                    server_address, stat)
+                                    server_address, stat, settings)
     class(chi_runtime), intent(inout) :: self
     character(len=*), intent(in), optional :: config_path
     integer(c_int32_t), intent(in), optional :: num_workers
@@ -224,8 +228,9 @@ contains
     integer(c_int32_t), intent(in), optional :: mode
     character(len=*), intent(in), optional :: server_address
     integer(c_int32_t), intent(out), optional :: stat
+    character(len=*), intent(in), optional :: settings
     type(chi_config_t), target :: cfg
-    character(kind=c_char, len=:), allocatable, target :: path_c, address_c
+    character(kind=c_char, len=:), allocatable, target :: path_c, address_c, settings_c
     type(c_ptr) :: handle
     integer(c_int32_t) :: status
 
@@ -244,6 +249,10 @@ contains
     if (present(server_address)) then
       address_c = chi_c_string(server_address)
       cfg%server_address = c_loc(address_c)
+    end if
+    if (present(settings)) then
+      settings_c = chi_c_string(settings)
+      cfg%settings = c_loc(settings_c)
     end if
     if (present(num_workers)) cfg%num_workers = num_workers
     if (present(gpus)) cfg%gpus = gpus

@@ -63,6 +63,7 @@ module chimaera_c
     type(c_ptr) :: server_address     ! const char *
     integer(c_int32_t) :: num_workers
     integer(c_int32_t) :: gpus
+    type(c_ptr) :: settings           ! const char *, YAML text of any config keys
   end type chi_config_t
 
   ! chi_request_t: a task as its handler sees it.  input is read-only.

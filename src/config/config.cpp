@@ -103,6 +103,26 @@ bool parse_decimal(const std::string &s, int64_t *out) {
   return true;
 }
 
+// A size in bytes: decimal digits, optionally followed by K, M or G (with or
+// without "iB"; powers of 1024).
+bool parse_bytes(const std::string &s, int64_t *out) {
+  size_t digits = 0;
+  while (digits < s.size() && s[digits] >= '0' && s[digits] <= '9') ++digits;
+  if (digits == 0) return false;
+  int64_t v;
+  if (!parse_decimal(s.substr(0, digits), &v)) return false;
+  std::string unit = s.substr(digits);
+  int shift = 0;
+  if (unit.empty()) shift = 0;
+  else if (unit == "K" || unit == "KiB") shift = 10;
+  else if (unit == "M" || unit == "MiB") shift = 20;
+  else if (unit == "G" || unit == "GiB") shift = 30;
+  else return false;
+  if (v > (INT64_MAX >> shift)) return false;
+  *out = v << shift;
+  return true;
+}
+
 bool parse_bool(const std::string &s, bool *out) {
   for (const char *t : {"true", "yes", "on"})
     if (equals_nocase(s, t)) return *out = true, true;
@@ -129,7 +149,7 @@ bool valid_address(const std::string &a) {
   return false;
 }
 
-enum class Kind { kInt, kBool, kLogLevel, kMode, kAddress, kPathList, kAddressList, kString };
+enum class Kind { kInt, kBytes, kBool, kLogLevel, kMode, kAddress, kPathList, kAddressList, kString };
 
 struct Value {
   int64_t i = 0;
@@ -161,6 +181,8 @@ const Setting kSettings[] = {
      [](Config &c, const Value &v) { c.submit_blocking = v.b; }},
     {"submit_timeout_ms", "CHI_SUBMIT_TIMEOUT_MS", Kind::kInt, 0, 3600000, false,
      [](Config &c, const Value &v) { c.submit_timeout_ms = static_cast<uint32_t>(v.i); }},
+    {"worker_stack_size", "CHI_WORKER_STACK_SIZE", Kind::kBytes, 64 << 10, int64_t(64) << 30, false,
+     [](Config &c, const Value &v) { c.worker_stack_size = static_cast<uint64_t>(v.i); }},
     {"log_level", "CHI_LOG_LEVEL", Kind::kLogLevel, 0, 0, false,
      [](Config &c, const Value &v) { c.log_level = static_cast<LogLevel>(v.i); }},
     {"modules", "CHI_MODULES", Kind::kPathList, 0, 0, false,
@@ -224,6 +246,9 @@ std::string expectation(const Setting &s) {
     case Kind::kInt:
       return format("%s in [%lld, %lld]", s.pow2 ? "a power of two" : "an integer",
                     static_cast<long long>(s.lo), static_cast<long long>(s.hi));
+    case Kind::kBytes:
+      return format("0 (system default) or a size in [%lld, %lld] bytes (suffix K, M or G allowed)",
+                    static_cast<long long>(s.lo), static_cast<long long>(s.hi));
     case Kind::kBool:
       return "a boolean (true/false, yes/no, on/off)";
     case Kind::kLogLevel:
@@ -249,6 +274,8 @@ bool parse_scalar(const Setting &s, const std::string &text, bool plain, Value *
     case Kind::kInt:
       return plain && parse_decimal(text, &v->i) && v->i >= s.lo && v->i <= s.hi &&
              (!s.pow2 || (v->i & (v->i - 1)) == 0);
+    case Kind::kBytes:
+      return plain && parse_bytes(text, &v->i) && (v->i == 0 || (v->i >= s.lo && v->i <= s.hi));
     case Kind::kBool:
       return plain && parse_bool(text, &v->b);
     case Kind::kLogLevel: {
@@ -419,8 +446,11 @@ chi_status_t build_tree(const std::string &text, const std::string &path,
 
 class FileReader {
  public:
-  FileReader(const std::string &path, Config *cfg, Origins *origins, std::string *error)
-      : path_(path), cfg_(cfg), origins_(origins), error_(error) {}
+  // dotted: top-level keys may name nested settings ("gpu.lease_us"), as in
+  // chi_config_t.settings.
+  FileReader(const std::string &path, Config *cfg, Origins *origins, std::string *error,
+             bool dotted = false)
+      : path_(path), cfg_(cfg), origins_(origins), error_(error), dotted_(dotted) {}
 
   chi_status_t top(const Node *root) {
     if (!root || root->is_null()) return CHI_OK;  // empty file or only comments
@@ -465,8 +495,10 @@ class FileReader {
                                     " settings, got " + describe(value));
       return mapping(value, key.text + ".");
     }
-    // A dotted key would otherwise reach "gpu.*" settings from the top level.
-    const Setting *s = key.text.find('.') == std::string::npos ? find_setting(name) : nullptr;
+    // In a file, a dotted key would otherwise reach "gpu.*" settings from the
+    // top level.
+    bool plain_name = key.text.find('.') == std::string::npos || (dotted_ && prefix.empty());
+    const Setting *s = plain_name ? find_setting(name) : nullptr;
     if (!s) return fail(key.mark, "unknown key " + quoted(name));
 
     Value v;
@@ -505,6 +537,7 @@ class FileReader {
   Config *cfg_;
   Origins *origins_;
   std::string *error_;
+  bool dotted_;
 };
 
 chi_status_t read_file(const std::string &path, const char *named_by, std::string *text,
@@ -546,11 +579,11 @@ chi_status_t read_file(const std::string &path, const char *named_by, std::strin
 }
 
 chi_status_t parse_file_text(const std::string &text, const std::string &path, Config *out,
-                             Origins *origins, std::string *error) {
+                             Origins *origins, std::string *error, bool dotted = false) {
   std::unique_ptr<Node> root;
   chi_status_t st = build_tree(text, path, &root, error);
   if (st != CHI_OK) return st;
-  return FileReader(path, out, origins, error).top(root.get());
+  return FileReader(path, out, origins, error, dotted).top(root.get());
 }
 
 chi_status_t apply_env(Config *out, Origins *origins, std::string *error) {
@@ -597,7 +630,7 @@ chi_status_t apply_env(Config *out, Origins *origins, std::string *error) {
 
 // The caller's struct, with fields beyond its struct_size at their defaults.
 chi_status_t read_struct(const chi_config_t *cfg, chi_config_t *c, std::string *error) {
-  *c = chi_config_t{sizeof(chi_config_t), nullptr, CHI_MODE_EMBEDDED, nullptr, 0, -1};
+  *c = chi_config_t{sizeof(chi_config_t), nullptr, CHI_MODE_EMBEDDED, nullptr, 0, -1, nullptr};
   if (!cfg) return CHI_OK;
   size_t n = cfg->struct_size;
   if (n < kMinStructSize || n > kMaxStructSize) {
@@ -614,6 +647,7 @@ chi_status_t read_struct(const chi_config_t *cfg, chi_config_t *c, std::string *
   if (fits(offsetof(chi_config_t, num_workers), sizeof c->num_workers))
     c->num_workers = cfg->num_workers;
   if (fits(offsetof(chi_config_t, gpus), sizeof c->gpus)) c->gpus = cfg->gpus;
+  if (fits(offsetof(chi_config_t, settings), sizeof c->settings)) c->settings = cfg->settings;
 
   if (c->mode != CHI_MODE_EMBEDDED && c->mode != CHI_MODE_CLIENT) {
     *error = format("chi_config_t.mode is %d, expected CHI_MODE_EMBEDDED (%d) or "
@@ -697,6 +731,16 @@ chi_status_t load(const chi_config_t *cfg, Config *out, std::string *error) {
   }
   st = apply_env(out, &origins, error);
   if (st != CHI_OK) return st;
+  if (c.settings && *c.settings) {
+    size_t n = strnlen(c.settings, kMaxFileBytes + 1);
+    if (n > kMaxFileBytes) {
+      *error = format("chi_config_t.settings: longer than %zu bytes", kMaxFileBytes);
+      return CHI_ERR_CONFIG;
+    }
+    st = parse_file_text(std::string(c.settings, n), "chi_config_t.settings", out, &origins, error,
+                         true);
+    if (st != CHI_OK) return st;
+  }
   apply_struct(c, out, &origins);
   return validate(out, origins, error);
 }

@@ -40,11 +40,14 @@ struct Config {
   int32_t mode = CHI_MODE_EMBEDDED;
   std::string server_address;          // client mode only
   uint32_t workers = 0;                // CPU worker threads; 0: hardware threads (at least 2), 1..1024
-  uint32_t queue_depth = 1024;         // CPU task slots = run queue depth, power of two, 2..1<<20
+  uint32_t queue_depth = 131072;       // most CPU task slots in use at once, power of two, 2..1<<20;
+                                       // slot memory is committed as the pool first needs it
   uint32_t max_inline_payload = 4096;  // bytes, 0..1 MiB
   int64_t spin_ns = 50000;             // waiters and idle workers spin this long, then futex sleep, 0..1e10
   bool submit_blocking = true;         // full slots: block (up to submit_timeout_ms) or fail with CHI_ERR_AGAIN
   uint32_t submit_timeout_ms = 1000;   // bound of a blocking submit, 0..3600000
+  uint64_t worker_stack_size = 0;      // CPU worker stacks, bytes; 0: the system default for new
+                                       // threads (ulimit -s), else 64 KiB..64 GiB
   LogLevel log_level = LogLevel::kWarn;
   std::vector<std::string> modules;    // shared objects loaded at start-up
   uint32_t disconnect_check_ms = 100;  // client: a waiter rechecks the server this often, 1..60000
@@ -55,8 +58,9 @@ struct Config {
 };
 
 // Builds *out from defaults, then the file (cfg->config_path, else $CHI_CONFIG,
-// else none), then CHI_* environment variables, then non-default fields of cfg
-// (which may be NULL).  On failure returns CHI_ERR_CONFIG (or CHI_ERR_INVALID
+// else none), then CHI_* environment variables, then cfg->settings (YAML text
+// like the file, dotted keys allowed), then non-default fields of cfg (which
+// may be NULL).  On failure returns CHI_ERR_CONFIG (or CHI_ERR_INVALID
 // for a bad chi_config_t) and sets *error to a message that names
 // file:line:column for file errors, or the variable for environment errors.
 chi_status_t load_config(const chi_config_t *cfg, Config *out, std::string *error);

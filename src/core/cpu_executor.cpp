@@ -1,8 +1,11 @@
 #include "core/cpu_executor.h"
 
+#include <pthread.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "api/error.h"
@@ -52,11 +55,31 @@ CHI_TLS int tls_help_depth = 0;
 // Spin loops read the clock once per this many polls (a read costs ~20-50 ns).
 constexpr unsigned kPollsPerClockRead = 32;
 
+// Ring cells of the shared run queue and of each worker's own queue; deeper
+// queues spill into lists (see run_queue.h).  A ring's memory is touched as
+// its positions cycle, so these bound it (128 bytes a cell).
+constexpr uint32_t kSharedRingCells = 4096;
+constexpr uint32_t kWorkerRingCells = 1024;
+
+// The slot arena is reserved whole and committed in steps of at least this
+// much, doubling: a pool that never holds more than a few tasks at once
+// touches a few pages, however large queue_depth is.
+constexpr size_t kMinCommitBytes = size_t(256) << 10;
+
+uint32_t ring_cells(uint32_t slots, uint32_t cap) {
+  uint32_t n = 2;
+  while (n < slots && n < cap) n <<= 1;
+  return n;
+}
+
 }  // namespace
 
-// A slot is [header | output | input]: the header and the start of the
-// output share a 128-byte line pair, so the waiter that sees the state word
-// change finds a small output already in its cache.
+// A slot is [small input | header | output | large input].  The header and
+// the start of the output share a 128-byte line pair, so the waiter that
+// sees the state word change finds a small output already in its cache.  An
+// input of at most RunQueue::kInline bytes (most of them) sits in the line
+// pair before the header, so a small task touches one or two pages of its
+// slot, not the far end of a payload-sized input area.
 struct CpuExecutor::Slot {
   std::atomic<uint32_t> state;
   chi_status_t status;
@@ -66,6 +89,8 @@ struct CpuExecutor::Slot {
   RemoteSink *sink;  // kRemote slots only
   uint64_t cookie;
 };
+// A slot never used is zero pages: state 0 is generation 0, kFree.
+static_assert(kFree == 0, "fresh slots must read as free");
 
 CpuExecutor::CpuExecutor(const Config &cfg, const Registry &reg, RouteStats &stats)
     : cfg_(cfg), reg_(reg), stats_(stats) {}
@@ -75,42 +100,84 @@ CpuExecutor::~CpuExecutor() {
   if (arena_) munmap(arena_, arena_size_);
 }
 
+namespace {
+struct WorkerStart {
+  CpuExecutor *pool;
+  unsigned id;
+};
+}  // namespace
+
+void *CpuExecutor::worker_entry(void *arg) {
+  WorkerStart start = *static_cast<WorkerStart *>(arg);
+  delete static_cast<WorkerStart *>(arg);
+  start.pool->worker_main(start.id);
+  return nullptr;
+}
+
+chi_status_t CpuExecutor::start_worker(unsigned id) {
+  pthread_attr_t attr;
+  if (int e = pthread_attr_init(&attr); e != 0)
+    return set_error(CHI_ERR_NOMEM, "cannot start worker thread: %s", strerror(e));
+  int e = 0;
+  if (cfg_.worker_stack_size) e = pthread_attr_setstacksize(&attr, size_t(cfg_.worker_stack_size));
+  if (e != 0) {
+    pthread_attr_destroy(&attr);
+    return set_error(CHI_ERR_CONFIG, "worker_stack_size %llu refused by the system: %s",
+                     (unsigned long long)cfg_.worker_stack_size, strerror(e));
+  }
+  auto *arg = new WorkerStart{this, id};
+  pthread_t t;
+  e = pthread_create(&t, &attr, &CpuExecutor::worker_entry, arg);
+  pthread_attr_destroy(&attr);
+  if (e != 0) {
+    delete arg;
+    return set_error(CHI_ERR_NOMEM, "cannot start worker thread %u (stack %llu bytes): %s", id,
+                     (unsigned long long)cfg_.worker_stack_size, strerror(e));
+  }
+  workers_.push_back(t);
+  return CHI_OK;
+}
+
 chi_status_t CpuExecutor::start() {
   nslots_ = cfg_.queue_depth;
   payload_ = cfg_.max_inline_payload;
   // Input and output of a slot are separate so handlers never see aliasing;
   // 128-byte alignment keeps slots off each other's line pairs.  Inputs up to
-  // RunQueue::kInline travel in the queue cell and are copied to the slot by
-  // the worker, so the input area must hold at least that much.
-  size_t in_size = std::max<size_t>(payload_, RunQueue::kInline);
-  slot_stride_ = ((sizeof(Slot) + payload_ + 63) & ~size_t(63)) + ((in_size + 63) & ~size_t(63));
-  slot_stride_ = (slot_stride_ + 127) & ~size_t(127);
-  arena_size_ = size_t(nslots_) * slot_stride_;
-  // MAP_NORESERVE: pages are only touched (and resident) as slots are used.
-  void *mem = mmap(nullptr, arena_size_, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  // RunQueue::kInline travel in the queue cell and are copied to the slot's
+  // small input area by the worker; only larger ones use the large area.
+  large_input_at_ = (kSmallInput + sizeof(Slot) + payload_ + 63) & ~size_t(63);
+  size_t large = payload_ > RunQueue::kInline ? (payload_ + 63) & ~size_t(63) : 0;
+  slot_stride_ = (large_input_at_ + large + 127) & ~size_t(127);
+  size_t page = size_t(sysconf(_SC_PAGESIZE));
+  arena_size_ = (size_t(nslots_) * slot_stride_ + page - 1) / page * page;
+  // Reserved, not committed: grow() makes slots usable as the pool needs
+  // them, so only slots ever in use at once cost memory (or commit charge).
+  void *mem = mmap(nullptr, arena_size_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (mem == MAP_FAILED) {
     arena_ = nullptr;
-    return set_error(CHI_ERR_NOMEM, "cannot map %zu bytes of task slots", arena_size_);
+    return set_error(CHI_ERR_NOMEM, "cannot reserve %zu bytes of address space for %u task slots",
+                     arena_size_, nslots_);
   }
   arena_ = static_cast<uint8_t *>(mem);
-  for (uint32_t i = 0; i < nslots_; ++i) new (slot_at(i)) Slot{{make_state(0, kFree)}, 0, 0, 0, 0, nullptr, 0};
   free_.init(nslots_);
-  run_.init(nslots_);
+  links_.allocate(nslots_);
+  run_.init(ring_cells(nslots_, kSharedRingCells), &links_[0]);
   local_.reset(new RunQueue[cfg_.workers]);
-  for (uint32_t i = 0; i < cfg_.workers; ++i) local_[i].init(nslots_);
-  for (uint32_t i = nslots_; i-- > 0;) free_.push(i);
+  for (uint32_t i = 0; i < cfg_.workers; ++i)
+    local_[i].init(ring_cells(nslots_, kWorkerRingCells), &links_[0]);
   uint32_t n = cfg_.workers;
   // At most half the CPUs spin idle: with more spinners than cores, the
   // spinning workers and the threads that submit and wait time-slice, and a
   // round trip costs a scheduler tick instead of a cache-line transfer.
   unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
   max_spinners_ = int32_t(std::max(1u, std::min(n, cpus / 2)));
-  try {
-    for (uint32_t i = 0; i < n; ++i) workers_.emplace_back(&CpuExecutor::worker_main, this, i);
-  } catch (const std::exception &e) {
-    shutdown();
-    return set_error(CHI_ERR_NOMEM, "cannot start worker thread: %s", e.what());
+  workers_.reserve(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    if (chi_status_t s = start_worker(i); s != CHI_OK) {
+      std::string why = last_error();
+      shutdown();
+      return set_error(s, "%s", why.c_str());
+    }
   }
   return CHI_OK;
 }
@@ -120,38 +187,76 @@ void CpuExecutor::shutdown() {
   stopping_.store(true, std::memory_order_seq_cst);
   idle_seq_.fetch_add(1, std::memory_order_seq_cst);
   futex_wake(&idle_seq_);
-  for (auto &t : workers_) t.join();
+  for (pthread_t t : workers_) pthread_join(t, nullptr);
   workers_.clear();
 }
 
 CpuExecutor::Slot *CpuExecutor::slot_at(uint32_t index) const {
-  return reinterpret_cast<Slot *>(arena_ + size_t(index) * slot_stride_);
+  return reinterpret_cast<Slot *>(arena_ + size_t(index) * slot_stride_ + kSmallInput);
 }
 
 uint8_t *CpuExecutor::output_of(uint32_t index) const {
-  return arena_ + size_t(index) * slot_stride_ + sizeof(Slot);
+  return arena_ + size_t(index) * slot_stride_ + kSmallInput + sizeof(Slot);
 }
 
-uint8_t *CpuExecutor::input_of(uint32_t index) const {
-  return output_of(index) + ((sizeof(Slot) + payload_ + 63) & ~size_t(63)) - sizeof(Slot);
+uint8_t *CpuExecutor::input_of(uint32_t index, size_t size) const {
+  uint8_t *base = arena_ + size_t(index) * slot_stride_;
+  return size <= RunQueue::kInline ? base : base + large_input_at_;
 }
 
 uint8_t *CpuExecutor::input_dst(void *self, uint32_t slot) {
-  return static_cast<CpuExecutor *>(self)->input_of(slot);
+  return static_cast<CpuExecutor *>(self)->input_of(slot, RunQueue::kInline);
 }
 
 bool CpuExecutor::on_worker_thread() const {
   return tls_pool == this;
 }
 
-bool CpuExecutor::acquire_slot(uint32_t *index, bool may_block) {
-  if (free_.pop(index)) return true;
-  if (!may_block) return false;
+bool CpuExecutor::grow(uint32_t want) {
+  std::lock_guard<std::mutex> lock(grow_mu_);
+  if (committed_.load(std::memory_order_relaxed) >= want) return true;
+  size_t bytes = std::min(arena_size_, std::max(committed_bytes_ * 2, kMinCommitBytes));
+  bytes = std::max(bytes, std::min(arena_size_, size_t(want) * slot_stride_));
+  if (mprotect(arena_ + committed_bytes_, bytes - committed_bytes_, PROT_READ | PROT_WRITE) != 0) {
+    set_error(CHI_ERR_NOMEM, "cannot commit memory for more CPU task slots (%u in use, %zu bytes): %s",
+              committed_.load(std::memory_order_relaxed), bytes, strerror(errno));
+    return false;
+  }
+  committed_bytes_ = bytes;
+  uint32_t slots = uint32_t(std::min<size_t>(nslots_, bytes / slot_stride_));
+  committed_.store(slots, std::memory_order_release);  // the pages are usable: publish them
+  log(LogLevel::kDebug, "CPU task slots committed: %u of %u (%zu bytes)", slots, nslots_, bytes);
+  return true;
+}
+
+CpuExecutor::Take CpuExecutor::try_acquire(uint32_t *index) {
+  if (free_.pop(index)) return Take::kGot;
+  // No slot to recycle: one never used before, committing memory for more.
+  uint32_t f = fresh_.load(std::memory_order_relaxed);
+  for (;;) {
+    if (f >= nslots_) return Take::kFull;
+    if (f >= committed_.load(std::memory_order_acquire)) {
+      if (!grow(f + 1)) return Take::kNoMemory;
+      f = fresh_.load(std::memory_order_relaxed);
+      continue;
+    }
+    if (fresh_.compare_exchange_weak(f, f + 1, std::memory_order_relaxed)) {
+      *index = f;
+      return Take::kGot;
+    }
+  }
+}
+
+chi_status_t CpuExecutor::acquire_slot(uint32_t *index, bool may_block) {
+  Take t = try_acquire(index);
+  if (t == Take::kGot) return CHI_OK;
+  if (t == Take::kNoMemory) return CHI_ERR_NOMEM;  // grow() said why
+  if (!may_block) return set_error(CHI_ERR_AGAIN, "all %u CPU task slots are in use", nslots_);
   int64_t deadline = now_ns() + int64_t(cfg_.submit_timeout_ms) * 1000000;
   for (;;) {
     int64_t spin_end = now_ns() + cfg_.spin_ns;
     do {
-      if (free_.pop(index)) return true;
+      if (free_.pop(index)) return CHI_OK;
       cpu_relax();
     } while (now_ns() < spin_end);
     free_waiters_.fetch_add(1, std::memory_order_seq_cst);
@@ -163,8 +268,10 @@ bool CpuExecutor::acquire_slot(uint32_t *index, bool may_block) {
       got = free_.pop(index);
     }
     free_waiters_.fetch_sub(1, std::memory_order_relaxed);
-    if (got) return true;
-    if (now_ns() >= deadline) return false;
+    if (got) return CHI_OK;
+    if (now_ns() >= deadline)
+      return set_error(CHI_ERR_AGAIN, "all %u CPU task slots stayed in use for %u ms", nslots_,
+                       cfg_.submit_timeout_ms);
   }
 }
 
@@ -189,12 +296,8 @@ chi_status_t CpuExecutor::submit(chi_method_t method, const void *input, size_t 
   uint32_t index;
   // A handler never blocks for a slot: the slots it would wait for may be
   // held by tasks that only its own progress completes.
-  if (!acquire_slot(&index, cfg_.submit_blocking && !worker)) {
-    if (worker || !cfg_.submit_blocking)
-      return set_error(CHI_ERR_AGAIN, "all %u CPU task slots are in use", nslots_);
-    return set_error(CHI_ERR_AGAIN, "all %u CPU task slots stayed in use for %u ms", nslots_,
-                     cfg_.submit_timeout_ms);
-  }
+  if (chi_status_t st = acquire_slot(&index, cfg_.submit_blocking && !worker); st != CHI_OK)
+    return st;
   Slot *s = slot_at(index);
   uint32_t g = (gen_of(s->state.load(std::memory_order_relaxed)) + 1) & kGenMask;
   s->sink = nullptr;
@@ -212,7 +315,7 @@ chi_status_t CpuExecutor::submit_remote(chi_method_t method, const void *input, 
     return set_error(CHI_ERR_TOO_LARGE, "input of %zu bytes over max_inline_payload %zu",
                      input_size, payload_);
   uint32_t index;
-  if (!free_.pop(&index)) return set_error(CHI_ERR_AGAIN, "all %u CPU task slots are in use", nslots_);
+  if (chi_status_t st = acquire_slot(&index, false); st != CHI_OK) return st;
   Slot *s = slot_at(index);
   uint32_t g = (gen_of(s->state.load(std::memory_order_relaxed)) + 1) & kGenMask;
   s->sink = sink;
@@ -228,17 +331,18 @@ void CpuExecutor::queue_task(uint32_t index, chi_method_t method, const void *in
   Slot *s = slot_at(index);
   s->method = method;
   s->submit_ns = now_ns();
-  if (input_size > RunQueue::kInline) std::memcpy(input_of(index), input, input_size);
+  if (input_size > RunQueue::kInline) std::memcpy(input_of(index, input_size), input, input_size);
   // Never full: a queue holds at most nslots_ entries.  The push publishes the
   // slot.
   QueuedTask task{index, method, uint32_t(input_size)};
-  (worker ? local_[tls_worker] : run_).push(task, input);
+  (worker ? local_[tls_worker] : run_).push(task, input, input_of(index, input_size));
   notify_worker();
 }
 
 uint32_t CpuExecutor::slots_in_use() const {
   uint32_t n = 0;
-  for (uint32_t i = 0; i < nslots_; ++i)
+  const uint32_t used = std::min(fresh_.load(std::memory_order_acquire), nslots_);
+  for (uint32_t i = 0; i < used; ++i)
     n += state_of(slot_at(i)->state.load(std::memory_order_relaxed)) != kFree;
   return n;
 }
@@ -258,7 +362,7 @@ void CpuExecutor::run_task(const QueuedTask &task) {
   const uint32_t index = task.slot;
   Slot *s = slot_at(index);
   size_t out_size = 0;
-  chi_status_t st = run_cpu_handler(reg_, task.method, CHI_ROUTE_CPU, input_of(index),
+  chi_status_t st = run_cpu_handler(reg_, task.method, CHI_ROUTE_CPU, input_of(index, task.input_size),
                                     task.input_size, output_of(index), payload_, &out_size);
   if (RemoteSink *sink = s->sink) {
     s->sink = nullptr;
@@ -356,7 +460,9 @@ void CpuExecutor::worker_main(unsigned id) {
 }
 
 chi_status_t CpuExecutor::check(uint32_t slot, uint32_t gen) const {
-  if (slot >= nslots_) return set_error(CHI_ERR_INVALID, "unknown future (slot %u)", slot);
+  // Slots past the committed ones were never handed out (and are not mapped).
+  if (slot >= committed_.load(std::memory_order_acquire))
+    return set_error(CHI_ERR_INVALID, "unknown future (slot %u)", slot);
   uint32_t w = slot_at(slot)->state.load(std::memory_order_acquire);
   uint32_t st = state_of(w);
   if (gen_of(w) != gen || st == kFree || st == kOrphan || st == kClaimed)

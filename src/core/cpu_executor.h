@@ -1,9 +1,14 @@
-// The CPU worker pool: task slots with inline payloads, a bounded MPMC run
-// queue, worker threads that spin then sleep on a futex.
+// The CPU worker pool: task slots with inline payloads, MPMC run queues,
+// worker threads that spin then sleep on a futex.  Slots are committed as the
+// pool first needs them (up to queue_depth), so a deep default costs memory
+// only while that many tasks are in flight.
 #pragma once
+
+#include <pthread.h>
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -39,6 +44,7 @@ class CpuExecutor final : public Executor {
   // Slots held now (queued, running, or done and not yet claimed).
   // A scan of the slot states: for statistics, not for hot paths.
   uint32_t slots_in_use() const;
+  // The most slots the pool may hold (queue_depth), committed or not.
   uint32_t slot_count() const { return nslots_; }
 
   // True on one of this pool's worker threads.
@@ -47,18 +53,28 @@ class CpuExecutor final : public Executor {
  private:
   struct Slot;
   Slot *slot_at(uint32_t index) const;
-  uint8_t *input_of(uint32_t index) const;
+  // The input area for an input of `size` bytes.
+  uint8_t *input_of(uint32_t index, size_t size) const;
   uint8_t *output_of(uint32_t index) const;
   chi_status_t check(uint32_t slot, uint32_t gen) const;
   void queue_task(uint32_t index, chi_method_t method, const void *input, size_t input_size,
                   bool worker);
-  bool acquire_slot(uint32_t *index, bool may_block);
+  enum class Take { kGot, kFull, kNoMemory };
+  Take try_acquire(uint32_t *index);
+  // A free slot, recycled or new; CHI_ERR_AGAIN when all nslots_ are in use
+  // (after up to submit_timeout_ms when may_block), CHI_ERR_NOMEM when no
+  // memory could be committed for more.  Sets the message on failure.
+  chi_status_t acquire_slot(uint32_t *index, bool may_block);
+  // Commits slot memory until at least `want` slots are usable.
+  bool grow(uint32_t want);
   void free_slot(uint32_t index);
   void run_task(const QueuedTask &task);
   bool pop_task(QueuedTask *task, bool own_only);
   static uint8_t *input_dst(void *self, uint32_t slot);
   bool any_task() const;
   void worker_main(unsigned id);
+  static void *worker_entry(void *arg);
+  chi_status_t start_worker(unsigned id);
   void notify_worker();
 
   const Config &cfg_;
@@ -66,15 +82,23 @@ class CpuExecutor final : public Executor {
   RouteStats &stats_;
   uint32_t nslots_;
   size_t payload_;
+  static constexpr size_t kSmallInput = 128;  // holds RunQueue::kInline bytes
+  static_assert(kSmallInput >= RunQueue::kInline, "small inputs fit their area");
   size_t slot_stride_;
-  uint8_t *arena_ = nullptr;  // slots (header, output, input), mmap'ed lazily
+  size_t large_input_at_;  // offset of the large input area in a slot
+  uint8_t *arena_ = nullptr;  // slots (header, output, input): reserved, committed by grow()
   size_t arena_size_ = 0;
+  std::mutex grow_mu_;
+  size_t committed_bytes_ = 0;          // under grow_mu_
+  std::atomic<uint32_t> committed_{0};  // slots whose memory is usable
+  std::atomic<uint32_t> fresh_{0};      // slots handed out at least once: [0, fresh_)
   FreeStack free_;
+  ZeroedArray<SpillLink> links_;  // the run queues' spill lists
   RunQueue run_;  // tasks from application threads
   // Tasks that a handler submits go to its worker's own queue, so that a
   // waiting worker runs its own children first (see wait()).
   std::unique_ptr<RunQueue[]> local_;
-  std::vector<std::thread> workers_;
+  std::vector<pthread_t> workers_;
   std::atomic<bool> stopping_{false};
   alignas(64) std::atomic<uint32_t> idle_seq_{0};   // futex word of idle workers
   // Each on its own line: submitters read sleepers_ on every submit, while

@@ -1,11 +1,14 @@
 // Lock-free LIFO of slot indices (a Treiber stack over an index array, with
 // a 32-bit tag against ABA).  LIFO keeps recently used task slots, still in
-// cache, at the top: a FIFO free list would walk every slot in turn.
+// cache, at the top: a FIFO free list would walk every slot in turn.  The
+// index array is zero pages until used: an entry is written only when its
+// index is pushed.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
-#include <memory>
+
+#include "core/zeroed.h"
 
 namespace chi {
 
@@ -14,8 +17,7 @@ class FreeStack {
   static constexpr uint32_t kNone = 0xFFFFFFFFu;
 
   void init(uint32_t capacity) {
-    next_.reset(new std::atomic<uint32_t>[capacity]);
-    for (uint32_t i = 0; i < capacity; ++i) next_[i].store(kNone, std::memory_order_relaxed);
+    next_.allocate(capacity);
     head_.store(pack(0, kNone), std::memory_order_relaxed);
   }
 
@@ -50,7 +52,7 @@ class FreeStack {
   static uint32_t tag_of(uint64_t v) { return uint32_t(v >> 32); }
   static uint32_t index_of(uint64_t v) { return uint32_t(v); }
 
-  std::unique_ptr<std::atomic<uint32_t>[]> next_;
+  ZeroedArray<std::atomic<uint32_t>> next_;
   alignas(64) std::atomic<uint64_t> head_{0};
 };
 

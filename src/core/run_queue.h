@@ -1,15 +1,22 @@
-// Bounded lock-free MPMC run queue of tasks (Vyukov's sequence-per-cell
-// design) whose cells carry the task header and, up to kInline bytes, the
-// input itself: a worker polling the head cell gets the notification, the
-// method and the input in the same two cache lines.
+// Lock-free MPMC run queue of tasks (Vyukov's sequence-per-cell design)
+// whose cells carry the task header and, up to kInline bytes, the input
+// itself: a worker polling the head cell gets the notification, the method
+// and the input in the same two cache lines.
+//
+// The ring is small and fixed; a task that finds it full spills into a
+// FIFO list under a mutex, linked through a per-slot table, so a pool with a
+// hundred thousand tasks queued needs no ring that large (a ring's cells are
+// all touched as positions cycle, however few tasks are queued at once).
+// While the list holds tasks, new ones join its end: tasks leave in the
+// order they came.
 #pragma once
-
-#include <sched.h>
 
 #include <atomic>
 #include <cstdint>
 #include <cstring>
-#include <memory>
+#include <mutex>
+
+#include "core/zeroed.h"
 
 namespace chi {
 
@@ -19,64 +26,117 @@ struct QueuedTask {
   uint32_t input_size;
 };
 
+// One per task slot of an executor, shared by its queues (a slot is queued
+// in at most one of them at a time).
+struct SpillLink {
+  uint32_t method;
+  uint32_t input_size;
+  uint32_t next;  // slot + 1 of the next spilled task, 0: none
+};
+
 class RunQueue {
  public:
   static constexpr uint32_t kInline = 104;
 
-  // capacity must be a power of two.
-  void init(uint32_t capacity) {
-    cells_.reset(new Cell[capacity]);
-    mask_ = capacity - 1;
-    for (uint32_t i = 0; i < capacity; ++i) cells_[i].seq.store(i, std::memory_order_relaxed);
+  // ring_cells must be a power of two.  links has an entry per slot.  Cells
+  // start as zero pages: a stored sequence is relative to its cell's index,
+  // so the all-zero cell is the free cell of the first lap.
+  void init(uint32_t ring_cells, SpillLink *links) {
+    cells_.allocate(ring_cells);
+    mask_ = ring_cells - 1;
+    links_ = links;
   }
 
-  // input is copied when input_size <= kInline; larger inputs must already
-  // be in the slot's input buffer.  The caller guarantees that at most
-  // capacity tasks are ever queued; push then always succeeds.
-  bool push(const QueuedTask &t, const void *input) {
+  // Queues a task.  An input of at most kInline bytes travels in the ring
+  // cell, or is copied to slot_input if the task spills; larger inputs must
+  // already be in the slot's input buffer.  Never fails: a full ring spills.
+  void push(const QueuedTask &t, const void *input, uint8_t *slot_input) {
+    if (spilled_.load(std::memory_order_acquire) == 0 && push_ring(t, input)) return;
+    if (t.input_size && t.input_size <= kInline) std::memcpy(slot_input, input, t.input_size);
+    SpillLink &l = links_[t.slot];
+    l.method = t.method;
+    l.input_size = t.input_size;
+    l.next = 0;
+    std::lock_guard<std::mutex> lock(spill_mu_);
+    if (spill_tail_) links_[spill_tail_ - 1].next = t.slot + 1;
+    else spill_head_ = t.slot + 1;
+    spill_tail_ = t.slot + 1;
+    spilled_.fetch_add(1, std::memory_order_release);
+  }
+
+  // Pops a task; an inline input is copied to input_dst (which must hold
+  // kInline bytes) before the cell is handed back to producers.
+  bool pop(QueuedTask *t, uint8_t *(*input_dst)(void *, uint32_t), void *ctx) {
+    if (pop_ring(t, input_dst, ctx)) return true;
+    if (spilled_.load(std::memory_order_acquire) == 0) return false;
+    std::lock_guard<std::mutex> lock(spill_mu_);
+    if (!spill_head_) return false;
+    uint32_t slot = spill_head_ - 1;
+    const SpillLink &l = links_[slot];
+    spill_head_ = l.next;
+    if (!spill_head_) spill_tail_ = 0;
+    *t = QueuedTask{slot, l.method, l.input_size};
+    spilled_.fetch_sub(1, std::memory_order_release);
+    return true;
+  }
+
+  // A hint: polls the head cell itself, so the producer's write of that cell
+  // is what wakes the poller (no separate tail line to bounce).
+  bool maybe_nonempty() const {
+    uint64_t pos = head_.load(std::memory_order_relaxed);
+    return seq_at(pos) == pos + 1 || spilled_.load(std::memory_order_acquire) != 0;
+  }
+
+ private:
+  struct alignas(128) Cell {
+    std::atomic<uint64_t> seq;  // the sequence minus the cell's index
+    QueuedTask task;
+    uint8_t data[kInline];
+  };
+  static_assert(sizeof(Cell) == 128, "a cell is two cache lines");
+
+  uint64_t seq_at(uint64_t pos) const {
+    return cells_[pos & mask_].seq.load(std::memory_order_acquire) + (pos & mask_);
+  }
+  void set_seq(uint64_t pos, uint64_t seq) {
+    cells_[pos & mask_].seq.store(seq - (pos & mask_), std::memory_order_release);
+  }
+
+  bool push_ring(const QueuedTask &t, const void *input) {
     uint64_t pos = tail_.load(std::memory_order_relaxed);
-    unsigned waits = 0;
     for (;;) {
-      Cell &c = cells_[pos & mask_];
-      uint64_t seq = c.seq.load(std::memory_order_acquire);
-      int64_t diff = int64_t(seq) - int64_t(pos);
+      int64_t diff = int64_t(seq_at(pos)) - int64_t(pos);
       if (diff == 0) {
         if (tail_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+          Cell &c = cells_[pos & mask_];
           c.task = t;
           if (t.input_size && t.input_size <= kInline) std::memcpy(c.data, input, t.input_size);
-          c.seq.store(pos + 1, std::memory_order_release);
+          set_seq(pos, pos + 1);
           // The next push likely lands on the next cell: own its line before then.
           __builtin_prefetch(&cells_[(pos + 1) & mask_], 1);
           return true;
         }
       } else if (diff < 0) {
-        // The cell's consumer from the previous lap has claimed it but not
-        // handed it back yet (it may be descheduled).  Callers never have
-        // more than capacity entries in flight, so it will: wait for it.
-        // Reporting "full" here would drop a task while the queue is nearly
-        // empty.
-        if (++waits % 64 == 0) sched_yield();
-        pos = tail_.load(std::memory_order_relaxed);
+        // Full, or the cell's consumer of the previous lap has not handed it
+        // back yet: the task spills either way, nothing waits.
+        return false;
       } else {
         pos = tail_.load(std::memory_order_relaxed);
       }
     }
   }
 
-  // Pops a task; an inline input is copied to input_dst (which must hold
-  // kInline bytes) before the cell is handed back to producers.
-  bool pop(QueuedTask *t, uint8_t *(*input_dst)(void *, uint32_t), void *ctx) {
+  bool pop_ring(QueuedTask *t, uint8_t *(*input_dst)(void *, uint32_t), void *ctx) {
     uint64_t pos = head_.load(std::memory_order_relaxed);
     for (;;) {
-      Cell &c = cells_[pos & mask_];
-      uint64_t seq = c.seq.load(std::memory_order_acquire);
-      int64_t diff = int64_t(seq) - int64_t(pos + 1);
+      int64_t diff = int64_t(seq_at(pos)) - int64_t(pos + 1);
       if (diff == 0) {
         if (head_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+          Cell &c = cells_[pos & mask_];
           *t = c.task;
           if (t->input_size && t->input_size <= kInline)
             std::memcpy(input_dst(ctx, t->slot), c.data, t->input_size);
-          c.seq.store(pos + mask_ + 1, std::memory_order_release);
+          set_seq(pos, pos + mask_ + 1);
           return true;
         }
       } else if (diff < 0) {
@@ -87,24 +147,17 @@ class RunQueue {
     }
   }
 
-  // A hint: polls the head cell itself, so the producer's write of that cell
-  // is what wakes the poller (no separate tail line to bounce).
-  bool maybe_nonempty() const {
-    uint64_t pos = head_.load(std::memory_order_relaxed);
-    return cells_[pos & mask_].seq.load(std::memory_order_acquire) == pos + 1;
-  }
-
- private:
-  struct alignas(128) Cell {
-    std::atomic<uint64_t> seq;
-    QueuedTask task;
-    uint8_t data[kInline];
-  };
-  static_assert(sizeof(Cell) == 128, "a cell is two cache lines");
-  std::unique_ptr<Cell[]> cells_;
+  ZeroedArray<Cell> cells_;
   uint64_t mask_ = 0;
+  SpillLink *links_ = nullptr;
   alignas(64) std::atomic<uint64_t> head_{0};
   alignas(64) std::atomic<uint64_t> tail_{0};
+  // Read by every push and by pops that find the ring empty; written only
+  // while tasks spill.
+  alignas(64) std::atomic<uint32_t> spilled_{0};
+  std::mutex spill_mu_;
+  uint32_t spill_head_ = 0;  // slot + 1, under spill_mu_
+  uint32_t spill_tail_ = 0;
 };
 
 }  // namespace chi

@@ -63,12 +63,13 @@ pub struct chi_config {
     pub server_address: *const ::std::os::raw::c_char,
     pub num_workers: i32,
     pub gpus: i32,
+    pub settings: *const ::std::os::raw::c_char,
 }
 #[test]
 fn bindgen_test_layout_chi_config() {
     assert_eq!(
         ::std::mem::size_of::<chi_config>(),
-        40usize,
+        48usize,
         concat!("Size of: ", stringify!(chi_config))
     );
     assert_eq!(
@@ -178,6 +179,23 @@ fn bindgen_test_layout_chi_config() {
         );
     }
     test_field_gpus();
+    fn test_field_settings() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).settings) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_config),
+                "::",
+                stringify!(settings)
+            )
+        );
+    }
+    test_field_settings();
 }
 pub type chi_config_t = chi_config;
 extern "C" {

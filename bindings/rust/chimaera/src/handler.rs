@@ -1,3 +1,4 @@
+use std::cell::Cell;
 use std::fmt;
 use std::io;
 use std::marker::PhantomData;
@@ -5,6 +6,7 @@ use std::os::raw::c_void;
 use std::panic::{self, AssertUnwindSafe};
 use std::ptr::{self, NonNull};
 use std::slice;
+use std::sync::{Mutex, Once};
 
 use chimaera_sys as sys;
 
@@ -308,8 +310,85 @@ impl fmt::Display for HandlerError {
 
 impl std::error::Error for HandlerError {}
 
+thread_local! {
+    // Depth of Rust handler calls on this thread's stack (a waiting worker
+    // may run another handler nested inside one).
+    static IN_HANDLER: Cell<u32> = Cell::new(0);
+}
+
+static QUIET_HOOK: Once = Once::new();
+static LAST_PANIC: Mutex<Option<String>> = Mutex::new(None);
+
+/// Installs, once per process, a panic hook that keeps handler panics quiet:
+/// a panic inside a Rust handler is recorded (see [`last_handler_panic`])
+/// instead of printed by the hook that was installed before, which still
+/// sees every other panic.  A hook the program sets later replaces this
+/// one, and handler panics are then printed as that hook decides.
+pub(crate) fn install_quiet_hook() {
+    QUIET_HOOK.call_once(|| {
+        let previous = panic::take_hook();
+        panic::set_hook(Box::new(move |info| {
+            if IN_HANDLER.with(|d| d.get()) == 0 {
+                previous(info);
+                return;
+            }
+            let what = if let Some(s) = info.payload().downcast_ref::<&str>() {
+                (*s).to_owned()
+            } else if let Some(s) = info.payload().downcast_ref::<String>() {
+                s.clone()
+            } else {
+                "a non-string payload".to_owned()
+            };
+            let text = match info.location() {
+                Some(l) => format!("handler panicked at {}:{}:{}: {}", l.file(), l.line(), l.column(), what),
+                None => format!("handler panicked: {}", what),
+            };
+            *LAST_PANIC.lock().unwrap_or_else(|e| e.into_inner()) = Some(text);
+        }));
+    });
+}
+
+/// The message and location of the most recent panic of a Rust handler in
+/// this process, if any handler panicked.
+///
+/// A panicking handler's task ends with [`Status::Internal`] at its waiter;
+/// the panic is not printed (the default hook would print it from a worker
+/// thread, in the middle of the program's own output).  This keeps its text
+/// for a log or a test.
+///
+/// ```
+/// use chimaera::{Route, Runtime, Status};
+///
+/// let rt = Runtime::with_defaults()?;
+/// let m = rt.register_handler("example.panics", |_, _| panic!("bad input"))?;
+/// let err = rt.call(Route::Cpu, m, b"").unwrap_err();
+/// assert_eq!(err.status(), Status::Internal);
+/// assert!(chimaera::last_handler_panic().unwrap().contains("bad input"));
+/// # Ok::<(), chimaera::Error>(())
+/// ```
+pub fn last_handler_panic() -> Option<String> {
+    LAST_PANIC.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Counts this thread into a handler call until dropped (also on unwind).
+struct HandlerScope;
+
+impl HandlerScope {
+    fn enter() -> HandlerScope {
+        IN_HANDLER.with(|d| d.set(d.get() + 1));
+        HandlerScope
+    }
+}
+
+impl Drop for HandlerScope {
+    fn drop(&mut self) {
+        IN_HANDLER.with(|d| d.set(d.get().saturating_sub(1)));
+    }
+}
+
 /// The `chi_handler_t` behind every Rust handler.  A panic never crosses into
-/// C: it is caught here and reported as `CHI_ERR_INTERNAL`.
+/// C: it is caught here and reported as `CHI_ERR_INTERNAL`, without output
+/// (see [`install_quiet_hook`]).
 pub(crate) extern "C" fn trampoline(
     req: *mut sys::chi_request_t,
     user_data: *mut c_void,
@@ -318,6 +397,7 @@ pub(crate) extern "C" fn trampoline(
         return sys::CHI_ERR_INVALID;
     }
     let outcome = panic::catch_unwind(AssertUnwindSafe(|| {
+        let _scope = HandlerScope::enter();
         // SAFETY: user_data is the HandlerBox registered with this trampoline,
         // alive until after chi_finalize; req is valid for this call, and its
         // input and output buffers are as chi_request_t documents.

@@ -57,7 +57,7 @@ pub use chimaera_sys as sys;
 pub use crate::config::{Config, Mode};
 pub use crate::error::{Error, Result, Status};
 pub use crate::future::{Future, WaitError};
-pub use crate::handler::{HandlerError, Output, Request};
+pub use crate::handler::{last_handler_panic, HandlerError, Output, Request};
 pub use crate::memory::{HostRegion, MemRef};
 pub use crate::runtime::{DevContext, Method, Route, Runtime, RuntimeRef};
 

@@ -14,7 +14,7 @@ use chimaera_sys as sys;
 use crate::config::Config;
 use crate::error::{check, Error, Result, Status};
 use crate::future::Future;
-use crate::handler::{trampoline, HandlerBox, HandlerError, Output, Request};
+use crate::handler::{install_quiet_hook, trampoline, HandlerBox, HandlerError, Output, Request};
 use crate::memory::{HostRegion, MemRef};
 
 /// Where a task runs.
@@ -512,7 +512,11 @@ impl Runtime {
     /// The closure gets the task's [`Request`] and writes its result into the
     /// [`Output`] buffer in place; an `Err` reaches the waiter unchanged, and
     /// a panic is caught and reported as [`Status::Internal`] (it never
-    /// unwinds into C).  It runs on the runtime's worker threads, possibly on
+    /// unwinds into C).  A handler's panic is not printed: the first
+    /// registration installs a panic hook that records it for
+    /// [`last_handler_panic`](crate::last_handler_panic) and passes every
+    /// other panic to the hook installed before (a hook the program sets
+    /// later replaces it).  It runs on the runtime's worker threads, possibly on
     /// several at once.  It stays alive until the runtime is finalized.
     ///
     /// # Errors
@@ -544,6 +548,7 @@ impl Runtime {
             + 'static,
     {
         let cname = name_cstring(name)?;
+        install_quiet_hook();
         let hb = Box::new(HandlerBox {
             rt: self.raw,
             f: Box::new(handler),
