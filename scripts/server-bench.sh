@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # server-bench.sh BUILD_DIR: the client->server benchmark of docs/performance.md
 # on the 16-core GPU machine: chimaera-bench starts its own chimaera-server
-# (private name and runtime directory) and measures one client's round trip,
-# pipelined throughput from 1 and 8 client processes, the client sweep
+# (private name and runtime directory) and measures, over each transport of
+# SERVER_BENCH_TRANSPORTS (shm://, ipc://, tcp:// loopback and tcp:// with
+# CURVE, the last from a second server), one client's round trip and
+# pipelined throughput from 1 and 8 client processes, next to the raw libzmq
+# REQ/REP and DEALER/ROUTER floors of the same transport; then the sweep
 # 1,8,64,256 (with idle server CPU, RSS and wake-up latency at 256 idle
-# clients) and fairness (1 flooding client, 63 light ones), next to the
-# cross-process cache-line floor of the same run.  After a build:
+# clients) and fairness (1 flooding client, 63 light ones) over shm://, next
+# to the cross-process cache-line floor of the same run.  After a build:
 #
 #   device: run(command="GPU_RUN_STEPS=build bash scripts/gpu-run.sh &&
 #                        bash scripts/server-bench.sh build-gpu", carry=[".devdeps"])
@@ -19,7 +22,8 @@
 # Environment: OUT (default BUILD_DIR/server-bench-out), SERVER_BENCH_CLIENTS
 # (default 1,8,64,256), SERVER_BENCH_FAIRNESS (default 64), SERVER_BENCH_ITERS
 # (timed round trips of the latency row, default 100000), SERVER_BENCH_MS
-# (length of each sweep and fairness run, default 1000), SERVER_BENCH_ARGS
+# (length of each sweep and fairness run, default 1000),
+# SERVER_BENCH_TRANSPORTS (default shm,ipc,tcp,tcp-curve), SERVER_BENCH_ARGS
 # (more chimaera-bench options).
 # Exit status: 0 when the bench reported ok, else 1 (2: usage).
 set -u -o pipefail
@@ -39,6 +43,7 @@ CLIENTS=${SERVER_BENCH_CLIENTS:-1,8,64,256}
 FAIRNESS=${SERVER_BENCH_FAIRNESS:-64}
 ITERS=${SERVER_BENCH_ITERS:-100000}
 MS=${SERVER_BENCH_MS:-1000}
+TRANSPORTS=${SERVER_BENCH_TRANSPORTS:-shm,ipc,tcp,tcp-curve}
 BENCH=$BUILD/src/tools/chimaera-bench
 : >"$LOG"
 
@@ -53,12 +58,13 @@ ulimit -u unlimited 2>/dev/null || true
 
 {
   echo "== server-bench on $(hostname), $(date -u +%FT%TZ), build $BUILD, $(nproc) CPUs"
-  echo "== $BENCH --server start --iters $ITERS --procs 8 --clients $CLIENTS --fairness $FAIRNESS --client-ms $MS ${SERVER_BENCH_ARGS:-} --json"
+  echo "== $BENCH --server start --transports $TRANSPORTS --iters $ITERS --procs 8 --clients $CLIENTS --fairness $FAIRNESS --client-ms $MS ${SERVER_BENCH_ARGS:-} --json"
 } >>"$LOG"
 t0=$(date +%s)
 # shellcheck disable=SC2086
-timeout -k 10 600 "$BENCH" --server start --iters "$ITERS" --procs 8 --clients "$CLIENTS" \
-  --fairness "$FAIRNESS" --client-ms "$MS" ${SERVER_BENCH_ARGS:-} --json >"$JSON" 2>>"$LOG"
+timeout -k 10 600 "$BENCH" --server start --transports "$TRANSPORTS" --iters "$ITERS" --procs 8 \
+  --clients "$CLIENTS" --fairness "$FAIRNESS" --client-ms "$MS" ${SERVER_BENCH_ARGS:-} --json \
+  >"$JSON" 2>>"$LOG"
 rc=$?
 echo "== chimaera-bench exit $rc ($(( $(date +%s) - t0 )) s)" >>"$LOG"
 
@@ -79,7 +85,7 @@ print("| row | procs | p50 us | p99 us | M tasks/s | vs floor | target |")
 print("|---|---:|---:|---:|---:|---:|---|")
 for r in doc["rows"]:
     if r["name"] not in ("floor.cpu_pingpong", "floor.xproc_pingpong", "peer.pipe") and \
-            not r["name"].startswith("client->server"):
+            not r["name"].startswith("client->server") and not r["name"].startswith("floor.zmq_"):
         continue
     if r["status"] != 0:
         print("| %s | | FAILED: %s | | | | |" % (r["name"], r["error"]))
@@ -93,6 +99,34 @@ for r in doc["rows"]:
     print("| %s | %s | %s | %s | %s | %s | %s |" % (
         r["name"], r.get("processes") or "", us(r["p50_ns"]), us(r["p99_ns"]),
         "-" if tp is None else "%.3f" % (tp / 1e6), x(r["ratio"]), tgt))
+print()
+print("vs floor: p50 / floor p50 (latency rows); floor tasks/s / tasks/s (ZeroMQ pipelined rows, "
+      "against floor.zmq_pipe_*: raw DEALER/ROUTER echo, one process, same window).")
+# The ZeroMQ transports side by side: round trip and 8-process pipelined.
+trs = srv.get("transports", [])
+if trs:
+    rows = {r["name"]: r for r in doc["rows"]}
+    procs = max([r.get("processes") or 0 for r in doc["rows"]
+                 if r["name"].startswith("client->server") and "pipelined" in r["name"]] or [1])
+    print()
+    print("| transport | address | p50 us | p99 us | floor p50 us | vs floor | pipelined 1p M/s | "
+          "pipelined %dp M/s | floor M/s | %dp vs floor |" % (procs, procs))
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for t in trs:
+        base = "client->server" + ("" if t["transport"] == "shm" else " " + t["transport"])
+        lat, p1, pn = rows.get(base), rows.get(base + " pipelined 1p"), \
+            rows.get(base + " pipelined %dp" % procs)
+        fl = rows.get(t["floor"]) or {}
+        pf = rows.get(t["pipe_floor"]) or {}
+        def tput(r):
+            return "-" if not r or r["status"] != 0 or r["throughput_per_s"] is None \
+                else "%.3f" % (r["throughput_per_s"] / 1e6)
+        ok = lat and lat["status"] == 0
+        print("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            t["transport"] + (" (2nd server)" if t["curve_server"] else ""), t["address"],
+            us(lat["p50_ns"]) if ok else "FAILED", us(lat["p99_ns"]) if ok else "-",
+            us(fl.get("p50_ns")), x(lat["ratio"]) if ok else "-", tput(p1), tput(pn), tput(pf),
+            x(pn["ratio"]) if pn and pn["status"] == 0 else "-"))
 sweep = srv.get("sweep", [])
 if sweep:
     print()

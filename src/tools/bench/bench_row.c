@@ -12,7 +12,7 @@ void chi_bench_row_init(struct chi_bench_row *row, const char *name, int kind) {
   snprintf(row->name, sizeof row->name, "%s", name);
   row->kind = kind;
   row->p50_ns = row->p99_ns = row->mean_ns = row->throughput = NAN;
-  row->floor_p50_ns = row->ratio = NAN;
+  row->floor_p50_ns = row->floor_throughput = row->ratio = NAN;
   row->target_p50_ns = row->target_throughput = NAN;
   row->threads = 1;
   row->window = 1;
@@ -43,6 +43,7 @@ const char *chi_bench_kind_name(int kind) {
     case CHI_BENCH_PEER: return "peer";
     case CHI_BENCH_LATENCY: return "latency";
     case CHI_BENCH_THROUGHPUT: return "throughput";
+    case CHI_BENCH_TPUT_FLOOR: return "tput-floor";
     default: return "unknown";
   }
 }

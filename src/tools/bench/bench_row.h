@@ -17,7 +17,8 @@ enum chi_bench_kind {
   CHI_BENCH_FLOOR = 0,      /* raw signalling floor: flags only, no task     */
   CHI_BENCH_PEER = 1,       /* what users do today (pipe, kernel launch, ...) */
   CHI_BENCH_LATENCY = 2,    /* one task at a time, submit to result          */
-  CHI_BENCH_THROUGHPUT = 3  /* pipelined submitters, tasks per second        */
+  CHI_BENCH_THROUGHPUT = 3, /* pipelined submitters, tasks per second        */
+  CHI_BENCH_TPUT_FLOOR = 4  /* raw pipelined floor: messages per second       */
 };
 
 struct chi_bench_row {
@@ -25,6 +26,7 @@ struct chi_bench_row {
   int kind;                 /* enum chi_bench_kind                             */
   char route[24];           /* "CHI_ROUTE_CPU", ...; empty for floors and peers */
   char method[24];          /* "chi.echo", ...; empty for floors and peers     */
+  char transport[16];       /* client->server: "shm", "ipc", "tcp", "tcp-curve"; else "" */
   uint32_t payload_bytes;   /* input and output size                           */
   uint32_t threads;         /* submitting threads (a ping-pong pair counts 1)  */
   uint32_t processes;       /* client processes submitting (0: this process)   */
@@ -36,7 +38,11 @@ struct chi_bench_row {
   double throughput;        /* operations per second; NaN: not measured        */
   char floor[48];           /* name of the floor row it is compared with, or "" */
   double floor_p50_ns;      /* filled by the report from that row              */
-  double ratio;             /* p50_ns / floor_p50_ns, filled by the report     */
+  double floor_throughput;  /* a throughput row's tput-floor: its throughput   */
+  double ratio;             /* p50_ns / floor_p50_ns, or for a throughput row
+                               linked to a tput-floor floor_throughput /
+                               throughput (both: > 1 is slower than the floor);
+                               filled by the report                            */
   double target_p50_ns;     /* PERF.md target; NaN: none                       */
   double target_throughput; /* PERF.md target, operations/s; NaN: none         */
   chi_status_t status;      /* CHI_OK, or why the row has no numbers           */
@@ -64,7 +70,7 @@ void chi_bench_row_samples(struct chi_bench_row *row, uint64_t *samples, size_t 
 void chi_bench_row_fail(struct chi_bench_row *row, chi_status_t status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* "floor", "peer", "latency", "throughput". */
+/* "floor", "peer", "latency", "throughput", "tput-floor". */
 const char *chi_bench_kind_name(int kind);
 
 #ifdef __cplusplus

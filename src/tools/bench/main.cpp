@@ -3,6 +3,7 @@
 // With --server: the same from client processes of a chimaera-server.
 #include <getopt.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +19,7 @@
 #include "server_proc.h"
 #include "server_routes.h"
 #include "tool_util.h"
+#include "zmq_floors.h"
 
 namespace {
 
@@ -45,10 +47,16 @@ void usage(std::FILE *out) {
       "  --pin           pin the benchmark's own threads to CPUs (workers are not)\n"
       "  --json          one JSON object on stdout instead of the table\n"
       "\n"
-      "Client->server (instead of the embedded routes; floor.xproc_pingpong is their floor):\n"
-      "  --server ADDR   measure the chimaera-server at ADDR (shm://NAME)\n"
+      "Client->server (instead of the embedded routes; floor.xproc_pingpong is the floor of\n"
+      "shm rows, raw libzmq REQ/REP and DEALER/ROUTER runs of the same transport that of\n"
+      "ipc and tcp rows):\n"
+      "  --server ADDR   measure the chimaera-server at ADDR (shm://NAME, ipc://PATH,\n"
+      "                  tcp://HOST:PORT; with CHI_CURVE_SERVER_KEY set: tcp-curve)\n"
       "  --server start  start a chimaera-server on a private name and runtime directory,\n"
       "                  stop it at the end (--workers and --config go to it)\n"
+      "  --transports LIST  with --server start: any of shm,ipc,tcp,tcp-curve (default: all);\n"
+      "                  one server serves shm, ipc and tcp (loopback) at once, a second one,\n"
+      "                  started after it, tcp with CURVE (keys made in its runtime directory)\n"
       "  --server-bin P  the chimaera-server to start (default: next to this binary)\n"
       "  --procs N       client processes of the multi-process pipelined row (default 8)\n"
       "  --clients LIST  sweep, e.g. 1,8,64,256: that many client processes at once, each\n"
@@ -89,6 +97,26 @@ bool count_list(const char *text, std::vector<uint32_t> *out) {
   return !out->empty();
 }
 
+bool transport_list(const char *text, std::vector<int> *out) {
+  out->clear();
+  std::string s(text);
+  size_t at = 0;
+  while (at <= s.size()) {
+    size_t comma = s.find(',', at);
+    std::string item = s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    int t = chi_bench::parse_transport(item);
+    if (t < 0) {
+      std::fprintf(stderr, "chimaera-bench: --transports: '%s' is not shm, ipc, tcp or tcp-curve\n",
+                   item.c_str());
+      return false;
+    }
+    if (std::find(out->begin(), out->end(), t) == out->end()) out->push_back(t);
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return !out->empty();
+}
+
 // The --server run: client->server rows after the floors, then the report.
 int server_main(const chi_bench_options &opt, const chi_bench::ServerOptions &so,
                 const chi_config_t &cfg, bool json, std::vector<chi_bench_row> &rows) {
@@ -120,10 +148,11 @@ int server_main(const chi_bench_options &opt, const chi_bench::ServerOptions &so
   check(rows);
   check(rep.sweep);
   check(rep.fair);
-  if (rep.server.exit_status > 0) {
+  for (const chi_bench::ServerProc *p : {&rep.server, &rep.curve_server}) {
+    if (p->exit_status <= 0) continue;
     ok = false;
     std::fprintf(stderr, "chimaera-bench: chimaera-server exited with status %d (log: %s)\n",
-                 rep.server.exit_status, rep.server.log_path.c_str());
+                 p->exit_status, p->log_path.c_str());
   }
   return ok ? 0 : 1;
 }
@@ -137,7 +166,7 @@ int main(int argc, char **argv) {
 
   enum { kIters = 256, kWarmup, kTput, kThreads, kWindow, kPayload, kWorkers, kConfig, kPin,
          kJson, kHelp, kServer, kServerBin, kProcs, kClients, kFairness, kFloodWindow, kClientMs,
-         kIdleMs, kWakeSamples };
+         kIdleMs, kWakeSamples, kTransportsOpt };
   static const option longopts[] = {
       {"iters", required_argument, nullptr, kIters},
       {"warmup", required_argument, nullptr, kWarmup},
@@ -159,6 +188,7 @@ int main(int argc, char **argv) {
       {"client-ms", required_argument, nullptr, kClientMs},
       {"idle-ms", required_argument, nullptr, kIdleMs},
       {"wake-samples", required_argument, nullptr, kWakeSamples},
+      {"transports", required_argument, nullptr, kTransportsOpt},
       {nullptr, 0, nullptr, 0}};
 
   chi_bench_options opt{};
@@ -216,6 +246,9 @@ int main(int argc, char **argv) {
       case kServer:
         so.server = optarg;
         break;
+      case kTransportsOpt:
+        if (!transport_list(optarg, &so.transports)) return 2;
+        break;
       case kServerBin:
         so.server_bin = optarg;
         break;
@@ -267,6 +300,10 @@ int main(int argc, char **argv) {
     std::fprintf(stderr, "chimaera-bench: --clients, --fairness and --server-bin need --server\n");
     return 2;
   }
+  if (!so.transports.empty() && so.server != "start") {
+    std::fprintf(stderr, "chimaera-bench: --transports needs --server start (an address names one)\n");
+    return 2;
+  }
 
   std::vector<chi_bench_row> rows;
   rows.reserve(16 + kMaxGpuRows);
@@ -279,6 +316,14 @@ int main(int argc, char **argv) {
   if (!so.server.empty()) {
     rows.emplace_back();
     chi_bench::xproc_pingpong_floor(opt, &rows.back());
+    // The raw libzmq floors of the ZeroMQ transports measured here.
+    for (int t : chi_bench::server_transports(so)) {
+      if (t == chi_bench::kShm) continue;
+      rows.emplace_back();
+      chi_bench::zmq_reqrep_floor(opt, t, &rows.back());
+      rows.emplace_back();
+      chi_bench::zmq_pipe_floor(opt, t, &rows.back());
+    }
     return server_main(opt, so, cfg, json, rows);
   }
 

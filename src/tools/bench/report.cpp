@@ -63,15 +63,15 @@ void cell_us(std::FILE *out, double ns) {
 }
 
 void print_rows(std::FILE *out, const std::vector<chi_bench_row> &rows) {
-  std::fprintf(out, "%-28s %-10s %3s %9s %9s %9s %9s %9s %8s  %s\n", "row", "kind", "thr",
+  std::fprintf(out, "%-38s %-10s %3s %9s %9s %9s %9s %9s %8s  %s\n", "row", "kind", "thr",
                "count", "p50 us", "p99 us", "mean us", "Mops/s", "vs floor", "target");
   for (const auto &r : rows) {
     if (r.status != CHI_OK) {
-      std::fprintf(out, "%-28s %-10s FAILED: %s (%s)\n", r.name, chi_bench_kind_name(r.kind),
+      std::fprintf(out, "%-38s %-10s FAILED: %s (%s)\n", r.name, chi_bench_kind_name(r.kind),
                    chi_status_string(r.status), r.error);
       continue;
     }
-    std::fprintf(out, "%-28s %-10s %3u %9llu", r.name, chi_bench_kind_name(r.kind), r.threads,
+    std::fprintf(out, "%-38s %-10s %3u %9llu", r.name, chi_bench_kind_name(r.kind), r.threads,
                  static_cast<unsigned long long>(r.count));
     cell_us(out, r.p50_ns);
     cell_us(out, r.p99_ns);
@@ -115,10 +115,18 @@ void json_row(std::FILE *out, const char *indent, const chi_bench_row &r) {
   json_number(out, r.throughput, "%.0f");
   std::fputs(", \"floor\": ", out);
   json_string(out, r.floor);
+  std::fputs(", \"transport\": ", out);
+  json_string(out, r.transport);
   std::fputs(", \"floor_p50_ns\": ", out);
   json_number(out, r.floor_p50_ns);
+  std::fputs(", \"floor_throughput_per_s\": ", out);
+  json_number(out, r.floor_throughput, "%.0f");
   std::fputs(", \"ratio\": ", out);
   json_number(out, r.ratio, "%.3f");
+  // What the ratio compares: "p50" (p50 / floor p50), "throughput" (floor
+  // throughput / throughput), or "" (no ratio).
+  std::fprintf(out, ", \"ratio_of\": \"%s\"",
+               std::isnan(r.ratio) ? "" : !std::isnan(r.floor_throughput) ? "throughput" : "p50");
   std::fputs(", \"target_p50_ns\": ", out);
   json_number(out, r.target_p50_ns);
   std::fputs(", \"target_throughput_per_s\": ", out);
@@ -149,7 +157,18 @@ void print_server_table(std::FILE *out, const ServerReport &s) {
                p.bin.empty() ? "an existing server" : ("started " + p.bin).c_str());
   if (p.pid > 0) std::fprintf(out, " (pid %d)", int(p.pid));
   if (s.server_workers) std::fprintf(out, ", %u workers", s.server_workers);
-  std::fputs("; client rows: floor.xproc_pingpong is their floor\n", out);
+  std::fputs("\n", out);
+  for (const auto &t : s.transports) {
+    std::fprintf(out, "  %-9s %s", transport_name(t.transport), t.address.c_str());
+    if (t.curve_server)
+      std::fprintf(out, " (second server, CURVE on, pid %d)", int(t.server_pid));
+    std::fprintf(out, "; floor %s", t.floor.c_str());
+    if (!t.pipe_floor.empty()) std::fprintf(out, ", pipelined %s", t.pipe_floor.c_str());
+    std::fputc('\n', out);
+  }
+  if (s.curve_server.exit_status > 0)
+    std::fprintf(out, "the CURVE server exited with status %d (log: %s)\n",
+                 s.curve_server.exit_status, s.curve_server.log_path.c_str());
   if (!s.sweep.empty()) {
     std::fprintf(out,
                  "\nclient sweep: chi.add, each client process one round trip at a time for "
@@ -213,6 +232,23 @@ void print_server_json(std::FILE *out, const ServerReport &s) {
   std::fprintf(out, ", \"pid\": %d, \"workers\": %u, \"exit_status\": %d, \"client_ms\": %llu",
                int(p.pid), s.server_workers, p.exit_status,
                static_cast<unsigned long long>(s.client_ms));
+  std::fputs(",\n    \"transports\": [\n", out);
+  for (size_t k = 0; k < s.transports.size(); k++) {
+    const TransportRun &t = s.transports[k];
+    std::fprintf(out, "      {\"transport\": \"%s\", \"address\": ", transport_name(t.transport));
+    json_string(out, t.address.c_str());
+    std::fprintf(out, ", \"server_pid\": %d, \"curve_server\": %s, \"floor\": ", int(t.server_pid),
+                 t.curve_server ? "true" : "false");
+    json_string(out, t.floor.c_str());
+    std::fputs(", \"pipe_floor\": ", out);
+    json_string(out, t.pipe_floor.c_str());
+    std::fputs(k + 1 < s.transports.size() ? "},\n" : "}\n", out);
+  }
+  const ServerProc &c = s.curve_server;
+  std::fprintf(out, "    ],\n    \"curve_server\": {\"started\": %s, \"exit_status\": %d, \"address\": ",
+               c.bin.empty() ? "false" : "true", c.exit_status);
+  json_string(out, c.tcp_address.c_str());
+  std::fputs("}", out);
   std::fputs(",\n    \"sweep\": [\n", out);
   json_rows(out, "      ", s.sweep);
   std::fputs("    ]", out);
@@ -246,7 +282,7 @@ void print_server_json(std::FILE *out, const ServerReport &s) {
 
 bool server_ok(const ServerReport *s) {
   if (!s) return true;
-  bool ok = s->server.exit_status <= 0 || !s->server.started;
+  bool ok = s->server.exit_status <= 0 && s->curve_server.exit_status <= 0;
   for (const auto &r : s->sweep) ok = ok && r.status == CHI_OK;
   for (const auto &r : s->fair) ok = ok && r.status == CHI_OK;
   return ok;
@@ -278,7 +314,16 @@ void link_floors(std::vector<chi_bench_row> &rows, const std::vector<chi_bench_r
   for (auto &row : rows) {
     if (row.floor[0] == '\0') continue;
     for (const auto &f : floors ? *floors : rows) {
-      if (f.kind != CHI_BENCH_FLOOR || std::strcmp(f.name, row.floor) != 0) continue;
+      if ((f.kind != CHI_BENCH_FLOOR && f.kind != CHI_BENCH_TPUT_FLOOR) ||
+          std::strcmp(f.name, row.floor) != 0)
+        continue;
+      if (f.kind == CHI_BENCH_TPUT_FLOOR) {
+        // Pipelined against pipelined: how many times the floor's rate.
+        row.floor_throughput = f.throughput;
+        if (row.kind == CHI_BENCH_THROUGHPUT && row.throughput > 0 && f.throughput > 0)
+          row.ratio = f.throughput / row.throughput;
+        break;
+      }
       row.floor_p50_ns = f.p50_ns;
       // A throughput row's p50 is latency under load, not a round trip: no ratio.
       if (row.kind != CHI_BENCH_THROUGHPUT && f.p50_ns > 0) row.ratio = row.p50_ns / f.p50_ns;
@@ -301,10 +346,16 @@ void print_table(std::FILE *out, const Machine &m, const chi_bench_options &opt,
                static_cast<unsigned long long>(opt.tput_tasks), opt.window, m.clock_ns);
   print_rows(out, rows);
   std::fprintf(out,
-               "\nvs floor: p50 / p50 of the floor row (%s for CPU routes), measured in this "
+               "\nvs floor: p50 / p50 of the floor row (%s), measured in this "
                "run.\nthroughput rows: p50/p99 are submit-to-result latency under load (1 task "
                "in 16).\n",
-               "floor.cpu_pingpong");
+               srv && srv->enabled
+                   ? "floor.xproc_pingpong for shm, floor.zmq_reqrep_TRANSPORT for ipc and tcp"
+                   : "floor.cpu_pingpong for CPU routes");
+  if (srv && srv->enabled && !srv->transports.empty())
+    std::fputs("ZeroMQ pipelined rows: vs floor = tasks/s of their tput-floor (raw DEALER/ROUTER "
+               "echo, 1 process, same window) / tasks/s of the row.\n",
+               out);
   if (srv && srv->enabled) print_server_table(out, *srv);
 }
 

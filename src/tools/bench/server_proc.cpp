@@ -10,6 +10,10 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <zmq.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -57,6 +61,7 @@ struct Control {
   uint64_t magic;
   uint32_t nworkers;
   char address[256];
+  char config[512];              // config_path of the workers' runtimes; "": none
   std::atomic<uint32_t> go_seq;  // futex word: bumped when every participant is warm
   std::atomic<uint32_t> ready;   // participants warmed up in the current run
   std::atomic<uint64_t> stop_ns; // count == 0 work ends at this time
@@ -276,6 +281,7 @@ int client_worker_main(const char *arg) {
   chi_config_init(&cfg);
   cfg.mode = CHI_MODE_CLIENT;
   cfg.server_address = c->address;
+  if (c->config[0]) cfg.config_path = c->config;
   chi_runtime_t *rt = nullptr;
   chi_status_t rc = chi_init(&cfg, &rt);
   if (rc != CHI_OK) {
@@ -331,7 +337,7 @@ bool ClientPool::alive(std::string *err) {
 }
 
 bool ClientPool::start(const std::string &address, uint32_t n, uint64_t sample_budget,
-                       std::string *err) {
+                       std::string *err, const std::string &config) {
   stop();
   std::string self = self_exe();
   if (self.empty()) {
@@ -355,6 +361,7 @@ bool ClientPool::start(const std::string &address, uint32_t n, uint64_t sample_b
   c->magic = kMagic;
   c->nworkers = n;
   std::snprintf(c->address, sizeof c->address, "%s", address.c_str());
+  std::snprintf(c->config, sizeof c->config, "%s", config.c_str());
   for (uint32_t i = 0; i < n; i++) {
     Slot *s = new (&c->slots[i]) Slot;
     s->sample_off = i * cap;
@@ -536,10 +543,73 @@ std::string status_json(const std::string &address) {
   return st == CHI_OK ? std::string(reply.data()) : std::string();
 }
 
+// A port of 127.0.0.1 that is free now (the kernel's pick; another process
+// could take it before the server binds it, which then fails to start).
+int free_loopback_port() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  struct sockaddr_in a;
+  std::memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+bool write_file(const std::string &path, const std::string &text, mode_t mode, std::string *err) {
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+  if (fd < 0 || write(fd, text.data(), text.size()) != ssize_t(text.size())) {
+    *err = path + ": " + std::strerror(errno);
+    if (fd >= 0) close(fd);
+    return false;
+  }
+  close(fd);
+  return true;
+}
+
+// Keys and YAML of a CURVE server in out->runtime_dir (see start_server).
+bool make_curve_files(bool server_yaml, ServerProc *out, std::string *err) {
+  char spub[41], ssec[41], cpub[41], csec[41];
+  if (zmq_curve_keypair(spub, ssec) != 0 || zmq_curve_keypair(cpub, csec) != 0) {
+    *err = std::string("zmq_curve_keypair: ") + zmq_strerror(zmq_errno());
+    return false;
+  }
+  const std::string &d = out->runtime_dir;
+  // z85 has no quote characters: single-quoted YAML scalars hold any key.
+  struct {
+    std::string name, text;
+    mode_t mode;
+  } files[] = {
+      {"server.key", std::string("# chimaera-bench CURVE secret key\n") + ssec + "\n", 0600},
+      {"client.key", std::string("# chimaera-bench CURVE secret key\n") + csec + "\n", 0600},
+      {"allowed-clients", std::string(cpub) + "\n", 0600},
+      {"client.yaml",
+       std::string("curve_server_key: '") + spub + "'\ncurve_key_file: '" + d + "/client.key'\n",
+       0600},
+      {"server.yaml",
+       "server:\n  curve_key_file: '" + d + "/server.key'\n  curve_allowed_keys_file: '" + d +
+           "/allowed-clients'\n",
+       0600},
+  };
+  for (auto &f : files) {
+    if (f.name == "server.yaml" && !server_yaml) continue;
+    std::string path = d + "/" + f.name;
+    if (!write_file(path, f.text, f.mode, err)) return false;
+    out->files.push_back(path);
+  }
+  out->client_config = d + "/client.yaml";
+  return true;
+}
+
 }  // namespace
 
-bool start_server(const std::string &bin, int32_t workers, const char *config, ServerProc *out,
-                  std::string *err) {
+bool start_server(const std::string &bin, int32_t workers, const char *config,
+                  const ServerListen &listen, ServerProc *out, std::string *err) {
   out->bin = bin;
   if (access(bin.c_str(), X_OK) != 0) {
     *err = "no chimaera-server at " + bin + " (--server-bin PATH)";
@@ -554,11 +624,48 @@ bool start_server(const std::string &bin, int32_t workers, const char *config, S
     return false;
   }
   out->runtime_dir = dir.data();
+  out->started = true;  // from here on stop_server cleans up
   out->log_path = out->runtime_dir + "/server.log";
-  out->address = "shm://chimaera-bench-" + std::to_string(getpid());
+  out->address = "shm://chimaera-bench-" + std::to_string(getpid()) + listen.suffix;
   setenv("CHI_RUNTIME_DIR", out->runtime_dir.c_str(), 1);
 
-  std::vector<std::string> args = {bin, "--listen", out->address};
+  // The shm:// address goes last: the server starts its listeners in order,
+  // so once it answers ping there, the ZeroMQ ones are bound too.
+  std::vector<std::string> args = {bin};
+  if (listen.ipc) {
+    out->ipc_address = "ipc://" + out->runtime_dir + "/server.ipc";
+    args.push_back("--listen");
+    args.push_back(out->ipc_address);
+  }
+  if (listen.tcp) {
+    int port = free_loopback_port();
+    if (port <= 0) {
+      *err = std::string("no free loopback port: ") + std::strerror(errno);
+      stop_server(out);
+      return false;
+    }
+    out->tcp_address = "tcp://127.0.0.1:" + std::to_string(port);
+    args.push_back("--listen");
+    args.push_back(out->tcp_address);
+  }
+  args.push_back("--listen");
+  args.push_back(out->address);
+  std::vector<std::string> env;
+  for (char **e = environ; *e; e++) env.push_back(*e);
+  if (listen.tcp && listen.curve) {
+    out->curve = true;
+    if (!make_curve_files(!config, out, err)) {
+      stop_server(out);
+      return false;
+    }
+    if (config) {
+      env.push_back("CHI_SERVER_CURVE_KEY_FILE=" + out->runtime_dir + "/server.key");
+      env.push_back("CHI_SERVER_CURVE_ALLOWED_KEYS_FILE=" + out->runtime_dir + "/allowed-clients");
+    } else {
+      args.push_back("--config");
+      args.push_back(out->runtime_dir + "/server.yaml");
+    }
+  }
   if (workers > 0) {
     args.push_back("--workers");
     args.push_back(std::to_string(workers));
@@ -567,12 +674,15 @@ bool start_server(const std::string &bin, int32_t workers, const char *config, S
     args.push_back("--config");
     args.push_back(config);
   }
-  std::vector<char *> argv;
+  std::vector<char *> argv, envp;
   for (auto &a : args) argv.push_back(const_cast<char *>(a.c_str()));
   argv.push_back(nullptr);
+  for (auto &e : env) envp.push_back(const_cast<char *>(e.c_str()));
+  envp.push_back(nullptr);
   int log = open(out->log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (log < 0) {
     *err = out->log_path + ": " + std::strerror(errno);
+    stop_server(out);
     return false;
   }
   std::fflush(nullptr);
@@ -581,6 +691,7 @@ bool start_server(const std::string &bin, int32_t workers, const char *config, S
   if (p < 0) {
     close(log);
     *err = std::string("fork: ") + std::strerror(errno);
+    stop_server(out);
     return false;
   }
   if (p == 0) {
@@ -588,12 +699,11 @@ bool start_server(const std::string &bin, int32_t workers, const char *config, S
     if (getppid() != me) _exit(127);
     dup2(log, STDOUT_FILENO);
     dup2(log, STDERR_FILENO);
-    execv(bin.c_str(), argv.data());
+    execve(bin.c_str(), argv.data(), envp.data());
     _exit(127);
   }
   close(log);
   out->pid = p;
-  out->started = true;
   uint64_t deadline = chi_tool_now_ns() + 20'000'000'000ull;
   for (;;) {
     if (ping(out->address)) return true;
@@ -654,6 +764,9 @@ void stop_server(ServerProc *s) {
     std::string name = s->address.substr(s->address.find("://") + 3);
     unlink((s->runtime_dir + "/" + name + ".sock").c_str());
     unlink((s->runtime_dir + "/" + name + ".lock").c_str());
+    if (!s->ipc_address.empty()) unlink(s->ipc_address.substr(6).c_str());
+    for (const auto &f : s->files) unlink(f.c_str());
+    s->files.clear();
     if (s->exit_status == 0) unlink(s->log_path.c_str());
     if (rmdir(s->runtime_dir.c_str()) == 0) s->runtime_dir.clear();
   }

@@ -17,7 +17,12 @@
 namespace chi_bench {
 
 struct ServerProc {
-  std::string address;      // "shm://NAME"
+  std::string address;      // "shm://NAME": ping, status and the shm rows
+  std::string ipc_address;  // started with ipc: "ipc://DIR/server.ipc"
+  std::string tcp_address;  // started with tcp or tcp-curve: "tcp://127.0.0.1:PORT"
+  bool curve = false;       // CURVE is on for tcp_address
+  std::string client_config;  // curve: YAML with curve_server_key and curve_key_file
+  std::vector<std::string> files;  // started: keys and YAML the bench wrote (removed at stop)
   bool started = false;     // the bench started it (and stops it)
   pid_t pid = -1;           // the server's pid; -1: unknown
   std::string bin;          // started: the chimaera-server binary
@@ -29,12 +34,27 @@ struct ServerProc {
 // chimaera-server next to this binary (the build's src/tools, or bin/).
 std::string default_server_bin();
 
+// What a started server serves besides its shm:// address.
+struct ServerListen {
+  bool ipc = false;        // ipc://DIR/server.ipc
+  bool tcp = false;        // tcp://127.0.0.1:PORT (a free port)
+  bool curve = false;      // with tcp: CURVE on (keys made in DIR)
+  std::string suffix;      // appended to the shm name
+};
+
 // Makes a private (0700) runtime directory, sets CHI_RUNTIME_DIR to it in
 // this process (clients started later inherit it) and starts
-// `bin --listen shm://chimaera-bench-PID [--workers N] [--config PATH]`, its
-// stderr in a log file there; returns once the server answers ping.
-bool start_server(const std::string &bin, int32_t workers, const char *config, ServerProc *out,
-                  std::string *err);
+// `bin [--listen ipc://...] [--listen tcp://...] --listen
+// shm://chimaera-bench-PID[SUFFIX] [--workers N] [--config PATH]`, its stderr
+// in a log file there; returns once the server answers ping on the shm://
+// address, started last.  With curve: a server
+// and a client key pair (libzmq's zmq_curve_keypair) in that directory, the
+// client's public key the only one allowed; the server gets them through a
+// --config YAML there, or, when `config` is given, through
+// CHI_SERVER_CURVE_KEY_FILE and CHI_SERVER_CURVE_ALLOWED_KEYS_FILE in its
+// environment; clients through client_config.
+bool start_server(const std::string &bin, int32_t workers, const char *config,
+                  const ServerListen &listen, ServerProc *out, std::string *err);
 
 // An existing server: checks it answers ping; its pid from status-json.
 bool attach_server(const char *address, ServerProc *out, std::string *err);
@@ -84,7 +104,9 @@ class ClientPool {
 
   // Starts n workers connected to address and waits until every one is (or
   // one failed).  Each keeps at most sample_budget / n latency samples a run.
-  bool start(const std::string &address, uint32_t n, uint64_t sample_budget, std::string *err);
+  // config: the workers' chi_config_t.config_path (empty: none).
+  bool start(const std::string &address, uint32_t n, uint64_t sample_budget, std::string *err,
+             const std::string &config = std::string());
 
   // Runs work[i] on worker i (work.size() == size()): every taking part
   // warms up, then all start together; count == 0 work stops duration_ns

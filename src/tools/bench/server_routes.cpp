@@ -2,6 +2,8 @@
 
 #include <time.h>
 
+#include <cstdlib>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -21,12 +23,14 @@ void sleep_ms(uint64_t ms) {
 }
 
 void init_row(chi_bench_row *row, const char *name, int kind, chi_method_t method,
-              uint32_t payload, uint32_t procs) {
+              uint32_t payload, uint32_t procs, const char *floor = kXprocFloor,
+              int transport = kShm) {
   chi_bench_row_init(row, name, kind);
   std::snprintf(row->route, sizeof row->route, "CHI_ROUTE_CPU");
   std::snprintf(row->method, sizeof row->method, "%s",
                 method == CHI_METHOD_ADD ? "chi.add" : "chi.echo");
-  std::snprintf(row->floor, sizeof row->floor, "%s", kXprocFloor);
+  std::snprintf(row->floor, sizeof row->floor, "%s", floor);
+  std::snprintf(row->transport, sizeof row->transport, "%s", transport_name(transport));
   row->payload_bytes = method == CHI_METHOD_ADD ? 16 : payload;
   row->processes = procs;
   row->threads = procs;
@@ -53,17 +57,25 @@ uint64_t fold(const std::vector<WorkResult> &res, size_t first, size_t last, chi
   return done;
 }
 
+// "client->server" for shm (the names of the first server rows), else
+// "client->server ipc" and so on.
+std::string row_name(int t) {
+  return t == kShm ? std::string("client->server") : std::string("client->server ") + transport_name(t);
+}
+
 // Pipelined chi.echo from `procs` client processes sharing opt.tput_tasks.
-void pipelined(const chi_bench_options &opt, const ServerOptions &so, const ServerProc &srv,
-               uint32_t procs, chi_bench_row *row) {
+void pipelined(const chi_bench_options &opt, const ServerOptions &so, const TransportRun &tr,
+               const std::string &config, uint32_t procs, chi_bench_row *row) {
   char name[48];
-  std::snprintf(name, sizeof name, "client->server pipelined %up", procs);
-  init_row(row, name, CHI_BENCH_THROUGHPUT, CHI_METHOD_ECHO, opt.payload, procs);
+  std::snprintf(name, sizeof name, "%s pipelined %up", row_name(tr.transport).c_str(), procs);
+  init_row(row, name, CHI_BENCH_THROUGHPUT, CHI_METHOD_ECHO, opt.payload, procs,
+           tr.transport == kShm ? kXprocFloor : tr.pipe_floor.c_str(), tr.transport);
   row->window = opt.window;
-  if (procs >= 8) row->target_throughput = kServerTargetThroughput;
+  if (procs >= 8)
+    row->target_throughput = tr.transport == kShm ? kServerTargetThroughput : kZmqTargetThroughput;
   ClientPool pool;
   std::string err;
-  if (!pool.start(srv.address, procs, so.sample_budget, &err)) {
+  if (!pool.start(tr.address, procs, so.sample_budget, &err, config)) {
     chi_bench_row_fail(row, CHI_ERR_DISCONNECTED, "%s", err.c_str());
     return;
   }
@@ -227,50 +239,106 @@ void fairness(const chi_bench_options &opt, const ServerOptions &so, const Serve
 
 }  // namespace
 
+namespace {
+
+// The round-trip row and the pipelined rows (1 and so.procs client
+// processes) of one transport.
+void transport_rows(const chi_bench_options &opt, const ServerOptions &so, const TransportRun &tr,
+                    const std::string &config, std::vector<chi_bench_row> &rows,
+                    ServerReport *rep) {
+  const int t = tr.transport;
+  const std::string name = row_name(t);
+  chi_config_t cfg;
+  chi_config_init(&cfg);
+  cfg.mode = CHI_MODE_CLIENT;
+  cfg.server_address = tr.address.c_str();
+  if (!config.empty()) cfg.config_path = config.c_str();
+  chi_runtime_t *rt = nullptr;
+  rows.emplace_back();
+  chi_bench_row *lat = &rows.back();
+  chi_status_t st = chi_init(&cfg, &rt);
+  if (st != CHI_OK) {
+    chi_bench_row_init(lat, name.c_str(), CHI_BENCH_LATENCY);
+    chi_bench_row_fail(lat, st, "chi_init: %s", chi_last_error_message());
+  } else {
+    chi_stats_t stats;
+    std::memset(&stats, 0, sizeof stats);
+    stats.struct_size = sizeof stats;
+    if (!rep->server_workers && chi_stats(rt, &stats) == CHI_OK)
+      rep->server_workers = stats.workers;
+    // One client: this process, through the same code as the embedded rows.
+    cpu_latency(rt, CHI_ROUTE_CPU, name.c_str(), "CHI_ROUTE_CPU", opt, lat);
+    chi_finalize(rt);
+  }
+  std::snprintf(lat->floor, sizeof lat->floor, "%s", tr.floor.c_str());
+  std::snprintf(lat->transport, sizeof lat->transport, "%s", transport_name(t));
+  lat->target_p50_ns = t == kShm ? kServerTargetP50Ns : kZmqTargetP50Ns;
+  lat->processes = 1;
+
+  rows.emplace_back();
+  pipelined(opt, so, tr, config, 1, &rows.back());
+  if (so.procs > 1) {
+    rows.emplace_back();
+    pipelined(opt, so, tr, config, so.procs, &rows.back());
+  }
+}
+
+TransportRun transport_run(int t, const ServerProc &srv) {
+  TransportRun tr;
+  tr.transport = t;
+  tr.address = t == kShm ? srv.address : t == kIpc ? srv.ipc_address : srv.tcp_address;
+  if (!srv.started) tr.address = srv.address;
+  tr.server_pid = srv.pid;
+  tr.curve_server = srv.started && srv.curve;
+  tr.floor = t == kShm ? kXprocFloor : zmq_reqrep_floor_name(t);
+  tr.pipe_floor = t == kShm ? "" : zmq_pipe_floor_name(t);
+  return tr;
+}
+
+bool has(const std::vector<int> &ts, int t) { return std::find(ts.begin(), ts.end(), t) != ts.end(); }
+
+}  // namespace
+
+std::vector<int> server_transports(const ServerOptions &so) {
+  if (so.server != "start") {
+    const std::string &a = so.server;
+    if (a.rfind("ipc://", 0) == 0) return {kIpc};
+    if (a.rfind("tcp://", 0) == 0) {
+      const char *key = std::getenv("CHI_CURVE_SERVER_KEY");
+      return {key && *key ? kTcpCurve : kTcp};
+    }
+    return {kShm};
+  }
+  if (!so.transports.empty()) return so.transports;
+  return {kShm, kIpc, kTcp, kTcpCurve};
+}
+
 bool run_server_rows(const chi_bench_options &opt, const ServerOptions &so, int32_t workers,
                      const char *config, std::vector<chi_bench_row> &rows, ServerReport *rep,
                      std::string *err) {
   rep->enabled = true;
   rep->client_ms = so.client_ms;
   rep->flood_window = so.flood_window;
+  const std::vector<int> ts = server_transports(so);
   ServerProc &srv = rep->server;
-  if (so.server == "start") {
-    std::string bin = so.server_bin.empty() ? default_server_bin() : so.server_bin;
-    if (!start_server(bin, workers, config, &srv, err)) return false;
+  const bool start = so.server == "start";
+  const std::string bin = so.server_bin.empty() ? default_server_bin() : so.server_bin;
+  if (start) {
+    // shm, ipc and tcp from one server; its shm address is always there
+    // (ping, status, sweep and fairness).
+    ServerListen l;
+    l.ipc = has(ts, kIpc);
+    l.tcp = has(ts, kTcp);
+    if (!start_server(bin, workers, config, l, &srv, err)) return false;
   } else if (!attach_server(so.server.c_str(), &srv, err)) {
     return false;
   }
   rep->idle.rss_base_kib = proc_rss_kib(srv.pid);
 
-  // One client: this process, through the same code as the embedded rows.
-  chi_config_t cfg;
-  chi_config_init(&cfg);
-  cfg.mode = CHI_MODE_CLIENT;
-  cfg.server_address = srv.address.c_str();
-  chi_runtime_t *rt = nullptr;
-  rows.emplace_back();
-  chi_bench_row *lat = &rows.back();
-  chi_status_t st = chi_init(&cfg, &rt);
-  if (st != CHI_OK) {
-    chi_bench_row_init(lat, "client->server", CHI_BENCH_LATENCY);
-    chi_bench_row_fail(lat, st, "chi_init: %s", chi_last_error_message());
-  } else {
-    chi_stats_t stats;
-    std::memset(&stats, 0, sizeof stats);
-    stats.struct_size = sizeof stats;
-    if (chi_stats(rt, &stats) == CHI_OK) rep->server_workers = stats.workers;
-    cpu_latency(rt, CHI_ROUTE_CPU, "client->server", "CHI_ROUTE_CPU", opt, lat);
-    chi_finalize(rt);
-  }
-  std::snprintf(lat->floor, sizeof lat->floor, "%s", kXprocFloor);
-  lat->target_p50_ns = kServerTargetP50Ns;
-  lat->processes = 1;
-
-  rows.emplace_back();
-  pipelined(opt, so, srv, 1, &rows.back());
-  if (so.procs > 1) {
-    rows.emplace_back();
-    pipelined(opt, so, srv, so.procs, &rows.back());
+  for (int t : ts) {
+    if (start && t == kTcpCurve) continue;  // the second server's
+    rep->transports.push_back(transport_run(t, srv));
+    transport_rows(opt, so, rep->transports.back(), std::string(), rows, rep);
   }
 
   uint32_t most = 0;
@@ -284,6 +352,33 @@ bool run_server_rows(const chi_bench_options &opt, const ServerOptions &so, int3
   }
   if (so.fairness >= 2) fairness(opt, so, srv, rep);
   stop_server(&srv);
+
+  if (start && has(ts, kTcpCurve)) {
+    ServerProc &cs = rep->curve_server;
+    ServerListen l;
+    l.tcp = l.curve = true;
+    l.suffix = "-curve";
+    std::string why;
+    if (start_server(bin, workers, config, l, &cs, &why)) {
+      rep->transports.push_back(transport_run(kTcpCurve, cs));
+      transport_rows(opt, so, rep->transports.back(), cs.client_config, rows, rep);
+      stop_server(&cs);
+    } else {
+      // Its rows are there, failed, with the reason.
+      TransportRun tr = transport_run(kTcpCurve, cs);
+      rep->transports.push_back(tr);
+      const std::string name = row_name(kTcpCurve);
+      std::vector<std::string> names = {name, name + " pipelined 1p"};
+      if (so.procs > 1) names.push_back(name + " pipelined " + std::to_string(so.procs) + "p");
+      for (size_t i = 0; i < names.size(); i++) {
+        rows.emplace_back();
+        init_row(&rows.back(), names[i].c_str(), i ? CHI_BENCH_THROUGHPUT : CHI_BENCH_LATENCY,
+                 CHI_METHOD_ECHO, opt.payload, i == 2 ? so.procs : 1,
+                 i ? tr.pipe_floor.c_str() : tr.floor.c_str(), kTcpCurve);
+        chi_bench_row_fail(&rows.back(), CHI_ERR_INTERNAL, "CURVE server: %s", why.c_str());
+      }
+    }
+  }
   return true;
 }
 

@@ -1,7 +1,12 @@
 // Client->server rows (chimaera-bench --server): round trip and pipelined
-// throughput from client processes over shared memory, the client-count
+// throughput from client processes over each transport (shm://, ipc://,
+// tcp:// loopback, tcp:// with CURVE), then, over shm://, the client-count
 // sweep, the idle cost of connected clients and fairness under a flooding
-// client.  Every row names floor.xproc_pingpong, measured in the same run.
+// client.  shm rows name floor.xproc_pingpong, ZeroMQ rows the raw libzmq
+// floors of their transport (zmq_floors.h), all measured in the same run.
+// One started server serves shm, ipc and tcp at once; CURVE applies to every
+// tcp:// address of a server with keys, so tcp-curve rows go to a second
+// server, started after the first has stopped.
 #pragma once
 
 #include <cmath>
@@ -10,6 +15,7 @@
 
 #include "bench_row.h"
 #include "server_proc.h"
+#include "zmq_floors.h"
 
 namespace chi_bench {
 
@@ -19,10 +25,14 @@ inline constexpr double kServerTargetThroughput = 5e6;      // 8 client processe
 inline constexpr double kServerTargetIdleCpuPct = 2.0;      // idle clients connected
 inline constexpr double kServerTargetWakeP50Ns = 20000.0;   // first task after idle
 inline constexpr double kServerTargetFairness = 5.0;        // light p99 flooded / alone
+// ZeroMQ transports (issue 8): ipc://, tcp://, tcp:// with CURVE.
+inline constexpr double kZmqTargetP50Ns = 40000.0;          // round trip, one client
+inline constexpr double kZmqTargetThroughput = 1e6;         // 8 client processes
 
 struct ServerOptions {
   std::string server;            // ADDR, or "start"; empty: no client->server rows
   std::string server_bin;        // --server start: the binary (default: next to this one)
+  std::vector<int> transports;   // --transports (enum Transport); empty: the default
   uint32_t procs = 8;            // client processes of the multi-process pipelined row
   std::vector<uint32_t> clients; // --clients sweep; empty: none
   uint32_t fairness = 0;         // clients of the fairness run (one floods); 0: none
@@ -53,9 +63,21 @@ struct FairnessFigures {
   std::string note;
 };
 
+// The rows of one transport: where they went and which floors they name.
+struct TransportRun {
+  int transport = 0;            // enum Transport
+  std::string address;
+  pid_t server_pid = -1;
+  bool curve_server = false;    // served by the second (CURVE) server
+  std::string floor;            // of the round-trip row
+  std::string pipe_floor;       // of the pipelined rows ("" for shm: no ratio)
+};
+
 struct ServerReport {
   bool enabled = false;
   ServerProc server;
+  ServerProc curve_server;              // --server start with tcp-curve: the second server
+  std::vector<TransportRun> transports;
   uint32_t server_workers = 0;          // from chi_stats
   std::vector<chi_bench_row> sweep;     // one row per client count
   IdleFigures idle;
@@ -64,6 +86,11 @@ struct ServerReport {
   uint64_t client_ms = 0;
   uint32_t flood_window = 0;
 };
+
+// The transports a run measures: --transports, else (--server start) all
+// four, else the one of the --server address (tcp:// counts as tcp-curve
+// when CHI_CURVE_SERVER_KEY is set).
+std::vector<int> server_transports(const ServerOptions &so);
 
 // Starts or attaches the server, adds the client->server latency and
 // pipelined rows to `rows`, runs the sweep, idle and fairness parts into

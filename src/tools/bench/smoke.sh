@@ -1,9 +1,10 @@
 #!/bin/sh
 # bench_smoke: a tiny chimaera-bench --json run must exit 0 and print JSON that
 # parses and holds the floor and the CPU routes with numbers, ratios included;
-# then a tiny --server start run (client processes, sweep 1,2, idle figures,
-# fairness) must do the same and leave no process or file behind.  Checks
-# shapes only, never times.  Exits 77 (skipped) without python3.
+# then a tiny --server start run (client processes over shm, ipc, tcp and tcp
+# with CURVE next to the raw libzmq floors, sweep 1,2, idle figures, fairness)
+# must do the same and leave no process or file behind.  Checks shapes only,
+# never times.  Exits 77 (skipped) without python3.
 set -eu
 bench="$1"
 command -v python3 >/dev/null 2>&1 || { echo "python3 not found: skipped"; exit 77; }
@@ -36,7 +37,8 @@ print("bench JSON ok:", len(rows), "rows")
 PY
 
 # Client->server: the bench starts its own chimaera-server (private name and
-# runtime directory under $TMPDIR) and stops it.
+# runtime directory under $TMPDIR; shm, ipc and tcp at once), then a second
+# one for tcp with CURVE, and stops them.
 out="$work/server.json"
 mkdir "$work/tmp"
 TMPDIR="$work/tmp" "$bench" --server start --iters 2000 --warmup 200 --tput-tasks 4000 \
@@ -59,8 +61,39 @@ assert r["floor"] == "floor.xproc_pingpong" and r["ratio"] > 0, "client->server:
 for name in ("client->server pipelined 1p", "client->server pipelined 2p"):
     assert rows[name]["count"] == 4000 and rows[name]["throughput_per_s"] > 0, name
 assert rows["client->server pipelined 2p"]["processes"] == 2
+# ZeroMQ transports: each row names its transport's raw libzmq floor, which
+# is in the same run, with a ratio.
+for t in ("ipc", "tcp", "tcp-curve"):
+    f = t.replace("-", "_")
+    rr, pipe = "floor.zmq_reqrep_" + f, "floor.zmq_pipe_" + f
+    assert rows[rr]["kind"] == "floor" and rows[rr]["status"] == 0, rr + ": " + rows[rr]["error"]
+    assert rows[rr]["count"] == 2000 and rows[rr]["p99_ns"] >= rows[rr]["p50_ns"] > 0, rr
+    assert rows[pipe]["kind"] == "tput-floor" and rows[pipe]["status"] == 0, pipe + ": " + rows[pipe]["error"]
+    assert rows[pipe]["count"] == 4000 and rows[pipe]["throughput_per_s"] > 0, pipe
+    lat = "client->server " + t
+    r = rows[lat]
+    assert r["status"] == 0, lat + ": " + r["error"]
+    assert r["transport"] == t and r["count"] == 2000 and r["p99_ns"] >= r["p50_ns"] > 0, lat
+    assert r["floor"] == rr and r["ratio_of"] == "p50", lat + ": floor"
+    want = r["p50_ns"] / rows[rr]["p50_ns"]
+    assert abs(r["ratio"] - want) <= 1e-3 * want + 1e-3, lat + ": ratio"
+    for p in (1, 2):
+        name = "%s pipelined %dp" % (lat, p)
+        r = rows[name]
+        assert r["status"] == 0, name + ": " + r["error"]
+        assert r["transport"] == t and r["processes"] == p and r["count"] == 4000, name
+        assert r["floor"] == pipe and r["ratio_of"] == "throughput", name + ": floor"
+        want = rows[pipe]["throughput_per_s"] / r["throughput_per_s"]
+        assert abs(r["ratio"] - want) <= 1e-2 * want + 1e-3, name + ": ratio"
+assert rows["client->server"]["transport"] == "shm"
 srv = doc["server"]
 assert srv["started"] is True and srv["exit_status"] == 0, "server exit %r" % srv["exit_status"]
+assert [t["transport"] for t in srv["transports"]] == ["shm", "ipc", "tcp", "tcp-curve"], "transports"
+assert [t["curve_server"] for t in srv["transports"]] == [False, False, False, True], "curve server"
+assert srv["curve_server"]["started"] is True and srv["curve_server"]["exit_status"] == 0, "curve server exit"
+assert srv["transports"][1]["address"].startswith("ipc://")
+assert srv["transports"][2]["address"].startswith("tcp://127.0.0.1:")
+assert srv["transports"][3]["address"].startswith("tcp://127.0.0.1:")
 assert [r["processes"] for r in srv["sweep"]] == [1, 2], "sweep counts"
 for r in srv["sweep"]:
     assert r["status"] == 0, r["name"] + ": " + r["error"]
