@@ -56,14 +56,17 @@ static CHI_TEST_UNUSED long chi_test_scaled(long n) {
 }
 
 /* A test must not pick up the settings of whoever runs it: drop CHI_* from the
- * environment, except CHI_TEST_* and CHI_LOG_LEVEL. */
+ * environment, except CHI_TEST_*, CHI_LOG_LEVEL and the three that point a
+ * run at a server (CHI_MODE, CHI_SERVER_ADDRESS, CHI_RUNTIME_DIR: the client
+ * variants set them, see tests/run_with_server.sh). */
 static CHI_TEST_UNUSED void chi_test_clean_env(void) {
   extern char **environ;
   for (;;) {
     char name[256] = {0};
     for (char **e = environ; e && *e; e++) {
       if (strncmp(*e, "CHI_", 4) != 0 || strncmp(*e, "CHI_TEST_", 9) == 0 ||
-          strncmp(*e, "CHI_LOG_LEVEL=", 14) == 0)
+          strncmp(*e, "CHI_LOG_LEVEL=", 14) == 0 || strncmp(*e, "CHI_MODE=", 9) == 0 ||
+          strncmp(*e, "CHI_SERVER_ADDRESS=", 19) == 0 || strncmp(*e, "CHI_RUNTIME_DIR=", 16) == 0)
         continue;
       const char *eq = strchr(*e, '=');
       size_t len = eq ? (size_t)(eq - *e) : strlen(*e);

@@ -36,3 +36,20 @@ add_test(NAME test_install
     ${CMAKE_C_COMPILER} ${CMAKE_CXX_COMPILER} ${CMAKE_COMMAND} "${CMAKE_GENERATOR}"
     "${chi_consumer_flags}")
 set_tests_properties(test_install PROPERTIES TIMEOUT 300 LABELS install)
+
+# The same programs in client mode, each against its own chimaera-server
+# (run_with_server.sh); cases that only make sense in an embedded runtime
+# skip themselves when CHI_MODE=client.
+if(TARGET chimaera-server AND TARGET chimaera-ctl)
+  foreach(t ${chi_core_tests})
+    add_test(NAME ${t}_client
+      COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/run_with_server.sh
+        $<TARGET_FILE:chimaera-server> $<TARGET_FILE:chimaera-ctl> $<TARGET_FILE:${t}>)
+    get_test_property(${t} TIMEOUT chi_timeout)
+    set_tests_properties(${t}_client PROPERTIES
+      TIMEOUT ${chi_timeout} SKIP_RETURN_CODE 77 LABELS "core;server")
+    if(CHI_SANITIZE STREQUAL "thread")
+      set_tests_properties(${t}_client PROPERTIES ENVIRONMENT "CHI_TEST_SCALE=0.5")
+    endif()
+  endforeach()
+endif()

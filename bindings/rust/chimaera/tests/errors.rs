@@ -203,11 +203,18 @@ fn no_device_without_gpus() {
 #[test]
 fn too_large() {
     let rt = runtime_with(2, "max_inline_payload: 256\n");
-    let err = rt
-        .submit(Route::Cpu, Method::ECHO, &[0u8; 257])
-        .unwrap_err();
-    assert_eq!(err.status(), Status::TooLarge);
-    assert!(rt.submit(Route::Cpu, Method::ECHO, &[0u8; 256]).is_ok());
+    if common::client_mode() {
+        eprintln!(
+            "skipped in client mode: the server's max_inline_payload, not this YAML's, \
+             limits chi.echo's input"
+        );
+    } else {
+        let err = rt
+            .submit(Route::Cpu, Method::ECHO, &[0u8; 257])
+            .unwrap_err();
+        assert_eq!(err.status(), Status::TooLarge);
+        assert!(rt.submit(Route::Cpu, Method::ECHO, &[0u8; 256]).is_ok());
+    }
 
     // A handler whose output does not fit gets TooLarge from Output and
     // passes it on; the waiter's future is consumed.

@@ -29,6 +29,13 @@ impl Drop for YamlFile {
     }
 }
 
+/// Whether the suite runs in client mode (`CHI_MODE=client`, the
+/// rust_cargo_test_client variant against a chimaera-server): cases that only
+/// an embedded runtime can show skip themselves.
+pub fn client_mode() -> bool {
+    std::env::var("CHI_MODE").map_or(false, |m| m.eq_ignore_ascii_case("client"))
+}
+
 /// A CPU-only runtime with `workers` threads and the given extra YAML keys.
 pub fn runtime_with(workers: u32, yaml: &str) -> Runtime {
     let file = YamlFile::new(yaml);
