@@ -177,9 +177,9 @@ impl Config {
         let mut text = String::new();
         for (key, value) in &self.settings {
             let ok = !key.is_empty()
-                && key
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'.');
+                && key.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'.'
+                });
             if !ok {
                 return Err(Error::new(
                     Status::Config,

@@ -5,7 +5,9 @@ use chimaera_sys as sys;
 
 /// A failure status of the C API (`CHI_ERR_*`), or a handler's own code.
 ///
-/// `CHI_OK` has no variant: success is the `Ok` side of a [`Result`].
+/// `CHI_OK` has no variant: success is the `Ok` side of a [`Result`].  Each
+/// variant lists every case that gives it; the [`Error`] that carries it
+/// also has the library's message, which names the case.
 ///
 /// ```
 /// use chimaera::Status;
@@ -18,33 +20,80 @@ use chimaera_sys as sys;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Status {
-    /// `CHI_ERR_INVALID`: bad argument, or a stale or unknown future.
+    /// `CHI_ERR_INVALID`, a bad argument:
+    /// - a future that is stale (already waited on or released), of another
+    ///   runtime, or never issued, at [`Future`](crate::Future) calls;
+    /// - method id 0; a route below `CHI_ROUTE_LOCAL` or a GPU number out
+    ///   of range;
+    /// - a method name that is not 1..127 bytes of printable ASCII, or that
+    ///   already has a handler of that kind;
+    /// - a string with a NUL byte, or a number out of range for its C field;
+    ///   a bad [`Config`](crate::Config) field (`num_workers` over 1024,
+    ///   `gpus` over 1024, a malformed `server_address`);
+    /// - an unknown region, or a [`MemRef`](crate::MemRef) outside its
+    ///   region; a device pointer not on that GPU;
+    /// - finalizing a runtime from one of its own handlers;
+    /// - a handler that returns it (`chi.add` does, for an input that is not
+    ///   16 bytes).
     Invalid,
-    /// `CHI_ERR_NOMEM`: an allocation or a fixed table ran out.
+    /// `CHI_ERR_NOMEM`: an allocation failed; no memory could be committed
+    /// for more task slots; a worker thread could not start; or a fixed
+    /// table is full (4092 methods among the live runtimes of the process,
+    /// the region table).
     NoMem,
-    /// `CHI_ERR_TIMEOUT`: a wait timed out (the future stays valid).
+    /// `CHI_ERR_TIMEOUT`: a wait with a timeout ran out before the task
+    /// finished; the future stays valid and may be waited on again.
     Timeout,
-    /// `CHI_ERR_AGAIN`: every task slot is in use; try again later.
+    /// `CHI_ERR_AGAIN`: every task slot of the route is in use (all
+    /// `queue_depth` CPU slots): at once when `submit_blocking` is false or
+    /// the submit comes from inside a handler, else after
+    /// `submit_timeout_ms`.  Nothing was queued.
     Again,
-    /// `CHI_ERR_NOT_FOUND`: unknown method, name or module.
+    /// `CHI_ERR_NOT_FOUND`:
+    /// - [`lookup`](crate::RuntimeRef::lookup) of a name no method has;
+    /// - a submit of a method id never registered on this runtime, or of an
+    ///   id of another runtime (refused, never run);
+    /// - at the waiter: the method has no handler on the executor the route
+    ///   chose (a CPU-only method on a GPU route, for instance);
+    /// - a module that cannot be opened or exports no
+    ///   `chimaera_module_init`.
     NotFound,
-    /// `CHI_ERR_NO_DEVICE`: a GPU route or GPU call with no usable GPU.
+    /// `CHI_ERR_NO_DEVICE`: a GPU route or GPU call on a runtime without a
+    /// usable GPU, or [`Config::gpus`](crate::Config::gpus) asked for more
+    /// GPUs than are usable.
     NoDevice,
-    /// `CHI_ERR_DISCONNECTED`: the server is gone (client mode).
+    /// `CHI_ERR_DISCONNECTED` (client mode): no server at the address when
+    /// the runtime starts, or the server went away; waits on its tasks end
+    /// with this status.
     Disconnected,
-    /// `CHI_ERR_PROTOCOL`: a malformed message or version skew (client mode).
+    /// `CHI_ERR_PROTOCOL` (client mode): a malformed message from the
+    /// server, or a server of another library version.
     Protocol,
-    /// `CHI_ERR_TOO_LARGE`: a payload over the configured limit.
+    /// `CHI_ERR_TOO_LARGE`: an input over `max_inline_payload` at submit;
+    /// at a wait into a buffer, a result larger than the buffer (the future
+    /// stays valid); in a handler, writing more [`Output`](crate::Output)
+    /// than its capacity.
     TooLarge,
-    /// `CHI_ERR_CONFIG`: a bad configuration file or value.
+    /// `CHI_ERR_CONFIG`: the configuration file cannot be read or holds an
+    /// unknown key, a wrong type or a value out of range; a bad `CHI_*`
+    /// environment variable; a bad key or value given with
+    /// [`Config::set`](crate::Config::set); a `worker_stack_size` the system
+    /// refuses.  The message names the file, line and column, the variable,
+    /// or `chi_config_t.settings`.
     Config,
-    /// `CHI_ERR_PERMISSION`: not allowed.
+    /// `CHI_ERR_PERMISSION` (server mode): a client of another user refused,
+    /// or the server's lock file cannot be opened.
     Permission,
-    /// `CHI_ERR_SHUTDOWN`: the runtime is finalizing.
+    /// `CHI_ERR_SHUTDOWN`: the runtime is finalizing: submits from outside
+    /// its handlers, handler registrations.
     Shutdown,
-    /// `CHI_ERR_INTERNAL`: a broken invariant, or a handler that panicked.
+    /// `CHI_ERR_INTERNAL`: a handler that panicked (see
+    /// [`last_handler_panic`](crate::last_handler_panic)), a C handler that
+    /// reported more output than the capacity or returned a positive value,
+    /// a GPU fault, or a broken invariant in the library.
     Internal,
-    /// A handler's own code, at or below `CHI_ERR_USER_BASE` (-1000).
+    /// A handler's own code, at or below `CHI_ERR_USER_BASE` (-1000),
+    /// passed to the waiter unchanged.
     Handler(i32),
     /// Any other nonzero code (from a newer library, for instance).
     Unknown(i32),

@@ -340,7 +340,13 @@ pub(crate) fn install_quiet_hook() {
                 "a non-string payload".to_owned()
             };
             let text = match info.location() {
-                Some(l) => format!("handler panicked at {}:{}:{}: {}", l.file(), l.line(), l.column(), what),
+                Some(l) => format!(
+                    "handler panicked at {}:{}:{}: {}",
+                    l.file(),
+                    l.line(),
+                    l.column(),
+                    what
+                ),
                 None => format!("handler panicked: {}", what),
             };
             *LAST_PANIC.lock().unwrap_or_else(|e| e.into_inner()) = Some(text);

@@ -39,7 +39,9 @@ fn every_key_through_config() {
         .set_list("modules", Vec::<&str>::new());
     let rt = Runtime::new(&config).unwrap();
     assert_eq!(slots_total(&rt), 1 << 18);
-    let err = rt.submit(Route::Cpu, Method::ECHO, &[0u8; 513]).unwrap_err();
+    let err = rt
+        .submit(Route::Cpu, Method::ECHO, &[0u8; 513])
+        .unwrap_err();
     assert_eq!(err.status(), Status::TooLarge);
 
     // A later set of the same key wins.
@@ -69,7 +71,10 @@ fn hundred_thousand_before_any_wait() {
     }
     let rt = Runtime::new(&Config::new().gpus(0)).unwrap();
     let futures: Vec<_> = (0..100_000u64)
-        .map(|i| rt.submit(Route::Cpu, Method::ECHO, &i.to_le_bytes()).unwrap())
+        .map(|i| {
+            rt.submit(Route::Cpu, Method::ECHO, &i.to_le_bytes())
+                .unwrap()
+        })
         .collect();
     for (i, f) in futures.into_iter().enumerate() {
         assert_eq!(f.wait(None).unwrap(), (i as u64).to_le_bytes());
@@ -82,7 +87,13 @@ fn handler_with_a_32_mib_frame() {
         eprintln!("skipped in client mode");
         return;
     }
-    let rt = Runtime::new(&Config::new().gpus(0).num_workers(2).worker_stack_size(64 << 20)).unwrap();
+    let rt = Runtime::new(
+        &Config::new()
+            .gpus(0)
+            .num_workers(2)
+            .worker_stack_size(64 << 20),
+    )
+    .unwrap();
     let big = rt
         .register_handler("limits.big_frame", |_, out| {
             let mut frame = [0u8; 32 << 20];
@@ -90,11 +101,17 @@ fn handler_with_a_32_mib_frame() {
                 frame[i] = (i >> 12) as u8;
             }
             let frame = black_box(&frame);
-            let sum: u64 = (0..frame.len()).step_by(4096).map(|i| frame[i] as u64).sum();
+            let sum: u64 = (0..frame.len())
+                .step_by(4096)
+                .map(|i| frame[i] as u64)
+                .sum();
             out.extend_from_slice(&sum.to_le_bytes())
         })
         .unwrap();
-    let want: u64 = (0..(32usize << 20)).step_by(4096).map(|i| (i >> 12) as u8 as u64).sum();
+    let want: u64 = (0..(32usize << 20))
+        .step_by(4096)
+        .map(|i| (i >> 12) as u8 as u64)
+        .sum();
     for _ in 0..4 {
         assert_eq!(rt.call(Route::Cpu, big, b"").unwrap(), want.to_le_bytes());
     }
@@ -108,8 +125,12 @@ fn another_runtimes_method_is_refused() {
     }
     let a = Runtime::new(&Config::new().gpus(0).num_workers(1)).unwrap();
     let b = Runtime::new(&Config::new().gpus(0).num_workers(1)).unwrap();
-    let ma = a.register_handler("limits.same", |_, out| out.extend_from_slice(b"a")).unwrap();
-    let mb = b.register_handler("limits.same", |_, out| out.extend_from_slice(b"b")).unwrap();
+    let ma = a
+        .register_handler("limits.same", |_, out| out.extend_from_slice(b"a"))
+        .unwrap();
+    let mb = b
+        .register_handler("limits.same", |_, out| out.extend_from_slice(b"b"))
+        .unwrap();
     assert_ne!(ma, mb);
     let err = b.submit(Route::Cpu, ma, b"").unwrap_err();
     assert_eq!(err.status(), Status::NotFound);
@@ -117,7 +138,9 @@ fn another_runtimes_method_is_refused() {
     assert_eq!(a.call(Route::Cpu, ma, b"").unwrap(), b"a");
     assert_eq!(b.call(Route::Cpu, mb, b"").unwrap(), b"b");
     assert_eq!(
-        b.submit(Route::Cpu, Method::from_id(4000), b"").unwrap_err().status(),
+        b.submit(Route::Cpu, Method::from_id(4000), b"")
+            .unwrap_err()
+            .status(),
         Status::NotFound
     );
 }
@@ -147,14 +170,36 @@ fn handler_panics_are_quiet() {
         return;
     }
     let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "handler_panics_are_quiet", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "handler_panics_are_quiet",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD, "1")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "child failed:\n{}\n{}", stdout, stderr);
-    assert!(!stderr.contains("limits-test handler panic"), "handler panic printed:\n{}", stderr);
-    assert!(!stdout.contains("limits-test handler panic"), "handler panic printed:\n{}", stdout);
-    assert!(stderr.contains("limits-test outside panic"), "other panics must still print:\n{}", stderr);
+    assert!(
+        out.status.success(),
+        "child failed:\n{}\n{}",
+        stdout,
+        stderr
+    );
+    assert!(
+        !stderr.contains("limits-test handler panic"),
+        "handler panic printed:\n{}",
+        stderr
+    );
+    assert!(
+        !stdout.contains("limits-test handler panic"),
+        "handler panic printed:\n{}",
+        stdout
+    );
+    assert!(
+        stderr.contains("limits-test outside panic"),
+        "other panics must still print:\n{}",
+        stderr
+    );
 }
