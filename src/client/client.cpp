@@ -1,6 +1,7 @@
 #include "client/client.h"
 
 #include <cstring>
+#include <thread>
 
 #include "api/error.h"
 #include "core/runtime.h"
@@ -36,6 +37,11 @@ chi_status_t Client::local(bool create, Runtime **rt) {
   }
   *rt = local_.get();
   return *rt ? CHI_OK : set_error(CHI_ERR_NOT_FOUND, "this client has no local handlers");
+}
+
+int64_t Client::wait_spin_ns() const {
+  static const unsigned cpus = std::thread::hardware_concurrency();
+  return cpus >= 4 ? cfg_.spin_ns : 0;
 }
 
 void Client::note_method_limit(uint32_t limit) {

@@ -59,6 +59,11 @@ class Client {
   chi_status_t check_submit(chi_route_t route, chi_method_t method, size_t input_size,
                             uint32_t max_payload);
   void note_method_limit(uint32_t limit);
+  // How long a waiter spins before it sleeps: spin_ns, or 0 on a machine of
+  // fewer than 4 CPUs, where a spinning client takes the CPU that the
+  // server's poller and worker need (measured: 168 us vs 23 us per round
+  // trip on 2 cores).
+  int64_t wait_spin_ns() const;
 
   Config cfg_;
   uint32_t tag_ = 0;

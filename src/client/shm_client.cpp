@@ -280,7 +280,7 @@ chi_status_t ShmClient::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, vo
   if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
   ipc::SlotHeader *h = seg_.slot(slot);
   const int64_t start = now_ns();
-  const int64_t spin_end = start + cfg_.spin_ns;
+  const int64_t spin_end = start + wait_spin_ns();
   const int64_t slice = int64_t(cfg_.disconnect_check_ms) * 1000000;
   const uint32_t done = ipc::slot_word(gen, ipc::kSlotDone);
   uint32_t w = h->state.load(std::memory_order_acquire);
