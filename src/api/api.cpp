@@ -388,6 +388,8 @@ CHI_API chi_status_t chi_register_gpu_mem(chi_runtime_t *rt, int32_t gpu, void *
     if (size == 0) return set_error(CHI_ERR_INVALID, "region size is 0");
     if (reinterpret_cast<uintptr_t>(device_ptr) + size < reinterpret_cast<uintptr_t>(device_ptr))
       return set_error(CHI_ERR_INVALID, "region wraps around the address space");
+    if (gpu < 0 && gpu != CHI_ROUTE_CPU)
+      return set_error(CHI_ERR_INVALID, "gpu must be >= 0 or CHI_ROUTE_CPU, not %d", gpu);
     if (rt->client && gpu != CHI_ROUTE_CPU) return client_gpu_refusal("chi_register_gpu_mem");
     chi::Runtime *e;
     if (chi_status_t s = local_engine(rt, true, &e); s != CHI_OK) return s;

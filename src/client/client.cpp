@@ -32,6 +32,7 @@ chi_status_t Client::local(bool create, Runtime **rt) {
     c.modules.clear();
     if (c.workers == 0) c.workers = 2;  // a client's own handlers: a small pool
     auto r = std::make_unique<Runtime>(std::move(c));
+    r->registry().set_id_bits(kLocalMethodBit);  // handlers see the ids the client hands out
     if (chi_status_t s = r->start(); s != CHI_OK) return s;
     local_ = std::move(r);
   }
@@ -58,7 +59,9 @@ chi_status_t Client::lookup(const char *name, chi_method_t *method) {
       return CHI_OK;
     }
   }
-  if (chi_status_t s = check_method_name(name); s != CHI_OK) return s;
+  // As embedded: a name that cannot be registered is simply not found.
+  if (check_method_name(name) != CHI_OK)
+    return set_error(CHI_ERR_NOT_FOUND, "no method named '%.64s' (not a valid method name)", name);
   ipc::MethodReply r{};
   uint32_t n = 0;
   if (chi_status_t s = control(ipc::Op::kLookup, 0, name, uint32_t(std::strlen(name)), &r, sizeof r, &n);
@@ -96,6 +99,16 @@ chi_status_t Client::stats(chi_stats_t *out) {
   size_t keep = std::min(out->struct_size, sizeof st);
   st.struct_size = out->struct_size;
   std::memcpy(out, &st, keep);
+  return CHI_OK;
+}
+
+chi_status_t Client::apply_gpu_setting(int32_t server_gpus) {
+  // gpu.devices as embedded: -1 all the server has, 0 none, n at least n.
+  const int32_t want = cfg_.gpu.devices;
+  if (want > server_gpus)
+    return set_error(CHI_ERR_NO_DEVICE, "%d GPU(s) requested but the server %s drives %d", want,
+                     address_.c_str(), server_gpus);
+  gpus_ = want < 0 ? server_gpus : want;
   return CHI_OK;
 }
 

@@ -59,6 +59,8 @@ class Client {
   chi_status_t check_submit(chi_route_t route, chi_method_t method, size_t input_size,
                             uint32_t max_payload);
   void note_method_limit(uint32_t limit);
+  // Applies gpu.devices (chi_config_t.gpus) to the server's GPU count.
+  chi_status_t apply_gpu_setting(int32_t server_gpus);
   // How long a waiter spins before it sleeps: spin_ns, or 0 on a machine of
   // fewer than 4 CPUs, where a spinning client takes the CPU that the
   // server's poller and worker need (measured: 168 us vs 23 us per round

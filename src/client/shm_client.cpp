@@ -114,7 +114,7 @@ chi_status_t ShmClient::handshake(const std::string &address, uint32_t kind) {
   if (sh->magic != ipc::kSegmentMagic || sh->protocol != ipc::kProtocolVersion || sh->nslots != w.nslots ||
       sh->max_payload != w.max_payload)
     return set_error(CHI_ERR_PROTOCOL, "%s sent a session segment with a bad header", address_.c_str());
-  gpus_ = w.gpus;
+  if (chi_status_t s = apply_gpu_setting(w.gpus); s != CHI_OK) return s;
   note_method_limit(w.method_limit);
   mine_.reset(new std::atomic<uint32_t>[w.nslots]);
   for (uint32_t i = 0; i < w.nslots; ++i) mine_[i].store(word(0, kFree), std::memory_order_relaxed);

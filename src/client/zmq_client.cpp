@@ -167,7 +167,7 @@ chi_status_t ZmqClient::open(bool control) {
   if (w.nslots < 2 || (w.nslots & (w.nslots - 1)) || w.nslots > (1u << 16) || w.max_payload > ipc::kMaxFramePayload)
     return set_error(CHI_ERR_PROTOCOL, "%s sent a malformed session shape", a.c_str());
   max_payload_ = w.max_payload;
-  gpus_ = w.gpus;
+  if (chi_status_t s = apply_gpu_setting(w.gpus); s != CHI_OK) return s;
   note_method_limit(w.method_limit);
   slots_.reset(new Slot[w.nslots]);
   free_.init(w.nslots);

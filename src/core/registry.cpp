@@ -162,7 +162,8 @@ chi_status_t run_cpu_handler(const Registry &reg, chi_method_t method, chi_route
   chi_handler_t fn = e->cpu_fn.load(std::memory_order_acquire);
   if (!fn) return set_error(CHI_ERR_NOT_FOUND, "method '%s' has no CPU handler", e->name);
   chi_request_t req;
-  req.method = method;
+  // Built-ins keep their fixed ids everywhere.
+  req.method = method > CHI_METHOD_CHECKSUM ? method | reg.id_bits() : method;
   req.source = source;
   req.input = input;
   req.input_size = input_size;

@@ -54,6 +54,10 @@ class Registry {
   }
   // One past the largest id handed out.
   uint32_t limit() const { return limit_.load(std::memory_order_acquire); }
+  // Bits the ids carry outside this registry (a client's local pool: its ids
+  // are seen with kLocalMethodBit); handlers see chi_request_t.method with them.
+  void set_id_bits(uint32_t bits) { id_bits_ = bits; }
+  uint32_t id_bits() const { return id_bits_; }
 
  private:
   // Entries come in chunks made on first use: an idle runtime with a few
@@ -65,6 +69,7 @@ class Registry {
   std::atomic<MethodEntry *> chunks_[kMaxMethods / kChunk] = {};
   std::atomic<uint32_t> limit_{1};
   uint32_t builtins_ = 1;  // the next built-in id, under mu_
+  uint32_t id_bits_ = 0;   // set before any handler runs
   mutable std::mutex mu_;
   std::unordered_map<std::string, chi_method_t> by_name_;
 };

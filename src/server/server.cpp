@@ -157,8 +157,10 @@ chi_status_t Server::start(Runtime &rt, const std::vector<std::string> &addresse
     }
   }
   const ServerConfig &sc = rt.config().server;
+  // Default: a quarter of the server's slots, at most 1024 (plenty to keep
+  // every worker busy), so that no client can hold most of them.
   srv->max_in_flight_ = sc.client_max_in_flight ? sc.client_max_in_flight
-                                                : std::max(1u, rt.config().queue_depth / 4);
+                                       : std::clamp(rt.config().queue_depth / 4, 1u, 1024u);
   srv->epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   srv->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (srv->epoll_fd_ < 0 || srv->wake_fd_ < 0)
@@ -418,7 +420,7 @@ void Server::serve_request(Session *s) {
     case ipc::Op::kLookup: {
       buf[h.length] = 0;
       if (std::strlen(buf) != h.length || check_method_name(buf) != CHI_OK)
-        return reply_error(CHI_ERR_INVALID, last_error());
+        return reply_error(CHI_ERR_NOT_FOUND, "no method by that name (not a valid method name)");
       ipc::MethodReply m{};
       if (rt_.registry().lookup(buf, &m.method) != CHI_OK)
         return reply_error(CHI_ERR_NOT_FOUND, last_error());

@@ -66,7 +66,10 @@ chi_status_t ZmqListener::open(Runtime &rt, const std::string &address, Hooks ho
 
 chi_status_t ZmqListener::bind() {
   const ServerConfig &sc = rt_.config().server;
-  max_in_flight_ = sc.client_max_in_flight ? sc.client_max_in_flight : std::max(1u, rt_.config().queue_depth / 4);
+  // Default: a quarter of the server's slots, at most 1024 (plenty to keep
+  // every worker busy), so that no client can hold most of them.
+  max_in_flight_ = sc.client_max_in_flight ? sc.client_max_in_flight
+                                       : std::clamp(rt_.config().queue_depth / 4, 1u, 1024u);
   const bool tcp = address_.compare(0, 6, "tcp://") == 0;
   if (tcp) {
     std::string hp = address_.substr(6);
@@ -426,7 +429,7 @@ void ZmqListener::handle_control(Session &s, const std::string &identity, uint64
     case ipc::Op::kLookup: {
       std::string name(reinterpret_cast<const char *>(p), n);
       if (std::strlen(name.c_str()) != name.size() || check_method_name(name.c_str()) != CHI_OK)
-        return fail(CHI_ERR_INVALID, last_error());
+        return fail(CHI_ERR_NOT_FOUND, "no method by that name (not a valid method name)");
       ipc::MethodReply m{};
       if (rt_.registry().lookup(name.c_str(), &m.method) != CHI_OK) return fail(CHI_ERR_NOT_FOUND, last_error());
       return answer(CHI_OK, &m, sizeof m);

@@ -66,6 +66,10 @@ int main(int argc, char **argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
   signal(SIGPIPE, SIG_IGN);
 
+  /* The server is the embedded runtime: a shell's client settings are not
+   * for it (a config file that says `mode: client` is refused below). */
+  unsetenv("CHI_MODE");
+  unsetenv("CHI_SERVER_ADDRESS");
   chi_config_t cfg;
   chi_config_init(&cfg);
   cfg.config_path = config;
