@@ -21,12 +21,17 @@ static char g_dir[256];
 static uid_t g_uid;
 static gid_t g_gid;
 
-/* Runs fn as the other user in a child; returns its exit status. */
-static int as_other_user(int (*fn)(const char *), const char *arg) {
+static char g_self[4096];
+
+/* Runs what ("client" or "connect") with arg as the other user, in a child
+ * that re-executes this program (so it starts with one thread); returns its
+ * exit status. */
+static int as_other_user(const char *what, const char *arg) {
   pid_t pid = fork();
   if (pid == 0) {
     if (setgid(g_gid) != 0 || setuid(g_uid) != 0) _exit(100);
-    _exit(fn(arg));
+    execl(g_self, g_self, "as-user", what, arg, (char *)NULL);
+    _exit(101);
   }
   int status = 0;
   waitpid(pid, &status, 0);
@@ -70,8 +75,8 @@ static void test_shm_other_user(void **state) {
   snprintf(address, sizeof address, "shm://access-%d", (int)getpid());
   snprintf(sock, sizeof sock, "%s/access-%d.sock", g_dir, (int)getpid());
   chi_runtime_t *rt = serve(address);
-  assert_int_equal(as_other_user(try_client, address), -CHI_ERR_PERMISSION);
-  assert_int_equal(as_other_user(try_raw_connect, sock), EACCES);
+  assert_int_equal(as_other_user("client", address), -CHI_ERR_PERMISSION);
+  assert_int_equal(as_other_user("connect", sock), EACCES);
   /* The owner connects. */
   chi_config_t cfg;
   chi_config_init(&cfg);
@@ -95,12 +100,17 @@ static void test_ipc_socket_opened_to_all(void **state) {
   assert_int_equal(stat(address + 6, &st), 0);
   assert_int_equal(st.st_mode & 0777, 0600); /* as the server made it */
   chmod(address + 6, 0666);                  /* a misconfiguration */
-  assert_int_equal(as_other_user(try_client, address), -CHI_ERR_PERMISSION);
+  assert_int_equal(as_other_user("client", address), -CHI_ERR_PERMISSION);
   assert_status(CHI_OK, chi_finalize(rt));
   rmdir(open_dir);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  if (argc == 4 && !strcmp(argv[1], "as-user"))
+    return !strcmp(argv[2], "client") ? try_client(argv[3]) : try_raw_connect(argv[3]);
+  ssize_t n = readlink("/proc/self/exe", g_self, sizeof g_self - 1);
+  if (n <= 0) return 1;
+  g_self[n] = 0;
   if (geteuid() != 0) {
     printf("# test_access needs root (it becomes another user); skipped\n");
     return 77;

@@ -20,6 +20,7 @@ Client::~Client() {
 void Client::shutdown_local() {
   std::lock_guard<std::mutex> lock(local_mu_);
   if (local_) local_->shutdown();
+  local_ptr_.store(nullptr, std::memory_order_release);
   local_.reset();
 }
 
@@ -35,6 +36,7 @@ chi_status_t Client::local(bool create, Runtime **rt) {
     r->registry().set_id_bits(kLocalMethodBit);  // handlers see the ids the client hands out
     if (chi_status_t s = r->start(); s != CHI_OK) return s;
     local_ = std::move(r);
+    local_ptr_.store(local_.get(), std::memory_order_release);
   }
   *rt = local_.get();
   return *rt ? CHI_OK : set_error(CHI_ERR_NOT_FOUND, "this client has no local handlers");

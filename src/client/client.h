@@ -49,7 +49,7 @@ class Client {
   // The local pool for the client's own handlers, modules and memory
   // regions (made on first use when create is true).
   chi_status_t local(bool create, Runtime **rt);
-  Runtime *local_if_any() const { return local_.get(); }
+  Runtime *local_if_any() const { return local_ptr_.load(std::memory_order_acquire); }
 
  protected:
   Client();
@@ -76,6 +76,7 @@ class Client {
  private:
   std::mutex local_mu_;
   std::unique_ptr<Runtime> local_;
+  std::atomic<Runtime *> local_ptr_{nullptr};  // local_, published for lock-free readers
 };
 
 // Connects by the scheme of cfg.server_address: shm:// (or empty: the

@@ -82,8 +82,11 @@ chi_status_t ZmqClient::open(bool control) {
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (!dealer_ || wake_fd_ < 0) return set_error(CHI_ERR_INTERNAL, "cannot make a zmq socket: %s", zmq_strerror(errno));
   int zero = 0, hwm = 4096;
+  // Heartbeats find a peer that hangs (a closed or killed one is seen at
+  // once, from the connection); generous, so a loaded machine is not taken
+  // for a dead one.
   int ivl = int(std::max<uint32_t>(cfg_.disconnect_check_ms, 10));
-  int hb_timeout = 3 * ivl;
+  int hb_timeout = std::max(2000, 10 * ivl);
   zmq_setsockopt(dealer_, ZMQ_LINGER, &zero, sizeof zero);
   zmq_setsockopt(dealer_, ZMQ_SNDHWM, &hwm, sizeof hwm);
   zmq_setsockopt(dealer_, ZMQ_RCVHWM, &hwm, sizeof hwm);
