@@ -32,10 +32,6 @@ constexpr int kConnectTimeoutMs = 5000;
 constexpr int kControlTimeoutMs = 10000;
 constexpr unsigned kPollsPerClockRead = 32;
 
-std::string version_text(uint32_t v) {
-  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
-         std::to_string(v % 100);
-}
 
 }  // namespace
 
@@ -95,8 +91,8 @@ chi_status_t ShmClient::handshake(const std::string &address, uint32_t kind) {
   if (w.protocol != ipc::kProtocolVersion || w.library_version / 100 != CHI_VERSION_NUMBER / 100)
     return set_error(CHI_ERR_PROTOCOL,
                      "version mismatch: client library %s protocol %u, server library %s protocol %u",
-                     version_text(CHI_VERSION_NUMBER).c_str(), ipc::kProtocolVersion,
-                     version_text(w.library_version).c_str(), w.protocol);
+                     ipc::version_text(CHI_VERSION_NUMBER).c_str(), ipc::kProtocolVersion,
+                     ipc::version_text(w.library_version).c_str(), w.protocol);
   if (kind == ipc::kSessionControl) return CHI_OK;
   // Check the shape before mapping, so that a broken server cannot make us
   // read past the mapping.
@@ -118,8 +114,7 @@ chi_status_t ShmClient::handshake(const std::string &address, uint32_t kind) {
   note_method_limit(w.method_limit);
   mine_.reset(new std::atomic<uint32_t>[w.nslots]);
   for (uint32_t i = 0; i < w.nslots; ++i) mine_[i].store(word(0, kFree), std::memory_order_relaxed);
-  free_.init(w.nslots);
-  for (uint32_t i = w.nslots; i-- > 0;) free_.push(i);
+  slots_free_.init(w.nslots);
   log(LogLevel::kInfo, "connected to %s as session %u (%u slots, %u-byte payloads, %d GPU(s))",
       address_.c_str(), w.session_id, w.nslots, w.max_payload, w.gpus);
   return CHI_OK;
@@ -184,36 +179,18 @@ void ShmClient::reap_orphans() {
 }
 
 bool ShmClient::acquire_slot(uint32_t *slot) {
-  if (free_.pop(slot)) return true;
+  if (slots_free_.try_acquire(slot)) return true;
   reap_orphans();
-  if (free_.pop(slot)) return true;
+  if (slots_free_.try_acquire(slot)) return true;
   if (!cfg_.submit_blocking) return false;
   const int64_t deadline = now_ns() + int64_t(cfg_.submit_timeout_ms) * 1000000;
-  for (;;) {
-    free_waiters_.fetch_add(1, std::memory_order_seq_cst);
-    uint32_t seq = free_seq_.load(std::memory_order_seq_cst);
-    bool got = free_.pop(slot);
-    if (!got) {
-      int64_t left = std::min<int64_t>(deadline - now_ns(), 1000000);  // orphans: re-scan every ms
-      if (left > 0) futex_wait(&free_seq_, seq, left);
-      reap_orphans();
-      got = free_.pop(slot);
-    }
-    free_waiters_.fetch_sub(1, std::memory_order_relaxed);
-    if (got) return true;
-    if (now_ns() >= deadline || !server_alive()) return false;
-  }
+  return slots_free_.acquire(slot, deadline, [&] { reap_orphans(); }, [&] { return server_alive(); });
 }
 
 void ShmClient::free_slot(uint32_t slot) {
   uint32_t w = mine_[slot].load(std::memory_order_relaxed);
   mine_[slot].store(word(gen_of(w), kFree), std::memory_order_release);
-  free_.push(slot);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (free_waiters_.load(std::memory_order_relaxed) > 0) {
-    free_seq_.fetch_add(1, std::memory_order_release);
-    futex_wake(&free_seq_, 1);
-  }
+  slots_free_.release(slot);
 }
 
 chi_status_t ShmClient::submit(chi_route_t route, chi_method_t method, const void *input,

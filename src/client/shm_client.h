@@ -8,7 +8,7 @@
 #include <string>
 
 #include "client/client.h"
-#include "core/free_stack.h"
+#include "client/slot_pool.h"
 #include "ipc/segment.h"
 
 namespace chi {
@@ -48,9 +48,7 @@ class ShmClient final : public Client {
   // Client-private slot states (the segment's words are the server's to
   // write): generation << 8 | state.
   std::unique_ptr<std::atomic<uint32_t>[]> mine_;
-  FreeStack free_;
-  alignas(64) std::atomic<uint32_t> free_seq_{0};
-  std::atomic<int32_t> free_waiters_{0};
+  SlotPool slots_free_;
   std::atomic<uint32_t> orphans_{0};
 };
 

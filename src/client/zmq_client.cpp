@@ -14,6 +14,7 @@
 #include "core/futex.h"
 #include "core/log.h"
 #include "ipc/curve.h"
+#include "ipc/channel.h"
 #include "ipc/frame.h"
 
 namespace chi {
@@ -31,9 +32,6 @@ constexpr int kConnectTimeoutMs = 5000;
 constexpr int kControlTimeoutMs = 10000;
 constexpr unsigned kPollsPerClockRead = 32;
 
-std::string version_text(uint32_t v) {
-  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
-}
 
 }  // namespace
 
@@ -164,8 +162,8 @@ chi_status_t ZmqClient::open(bool control) {
     return set_error(ctl_.status, "%s refused the connection: %s", a.c_str(), ctl_.payload.c_str() + sizeof w);
   if (w.protocol != ipc::kProtocolVersion || w.library_version / 100 != CHI_VERSION_NUMBER / 100)
     return set_error(CHI_ERR_PROTOCOL, "version mismatch: client library %s protocol %u, server library %s protocol %u",
-                     version_text(CHI_VERSION_NUMBER).c_str(), ipc::kProtocolVersion,
-                     version_text(w.library_version).c_str(), w.protocol);
+                     ipc::version_text(CHI_VERSION_NUMBER).c_str(), ipc::kProtocolVersion,
+                     ipc::version_text(w.library_version).c_str(), w.protocol);
   if (control) return CHI_OK;
   if (w.nslots < 2 || (w.nslots & (w.nslots - 1)) || w.nslots > (1u << 16) || w.max_payload > ipc::kMaxFramePayload)
     return set_error(CHI_ERR_PROTOCOL, "%s sent a malformed session shape", a.c_str());
@@ -173,8 +171,7 @@ chi_status_t ZmqClient::open(bool control) {
   if (chi_status_t s = apply_gpu_setting(w.gpus); s != CHI_OK) return s;
   note_method_limit(w.method_limit);
   slots_.reset(new Slot[w.nslots]);
-  free_.init(w.nslots);
-  for (uint32_t i = w.nslots; i-- > 0;) free_.push(i);
+  slots_free_.init(w.nslots);
   {
     std::lock_guard<std::mutex> out(out_mu_);
     out_slots_.reserve(w.nslots);
@@ -202,8 +199,7 @@ void ZmqClient::mark_gone(const char *why) {
   const uint32_t n = nslots_.load(std::memory_order_acquire);
   for (uint32_t i = 0; i < n; ++i)
     if (slots_[i].word.load(std::memory_order_relaxed) & kSleeper) futex_wake(&slots_[i].word);
-  free_seq_.fetch_add(1, std::memory_order_release);
-  futex_wake(&free_seq_);
+  slots_free_.wake_all();
 }
 
 chi_status_t ZmqClient::disconnected(const char *where) {
@@ -391,33 +387,16 @@ chi_status_t ZmqClient::control(ipc::Op op, uint16_t flags, const void *payload,
 }
 
 bool ZmqClient::acquire_slot(uint32_t *slot) {
-  if (free_.pop(slot)) return true;
+  if (slots_free_.try_acquire(slot)) return true;
   if (!cfg_.submit_blocking) return false;
   const int64_t deadline = now_ns() + int64_t(cfg_.submit_timeout_ms) * 1000000;
-  for (;;) {
-    free_waiters_.fetch_add(1, std::memory_order_seq_cst);
-    uint32_t seq = free_seq_.load(std::memory_order_seq_cst);
-    bool got = free_.pop(slot);
-    if (!got) {
-      int64_t left = deadline - now_ns();
-      if (left > 0) futex_wait(&free_seq_, seq, left);
-      got = free_.pop(slot);
-    }
-    free_waiters_.fetch_sub(1, std::memory_order_relaxed);
-    if (got) return true;
-    if (now_ns() >= deadline || gone_.load(std::memory_order_acquire)) return false;
-  }
+  return slots_free_.acquire(slot, deadline, [] {}, [&] { return !gone_.load(std::memory_order_acquire); });
 }
 
 void ZmqClient::free_slot(uint32_t slot) {
   uint32_t w = slots_[slot].word.load(std::memory_order_relaxed);
   slots_[slot].word.store(word(gen_of(w), kFree), std::memory_order_release);
-  free_.push(slot);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (free_waiters_.load(std::memory_order_relaxed) > 0) {
-    free_seq_.fetch_add(1, std::memory_order_release);
-    futex_wake(&free_seq_, 1);
-  }
+  slots_free_.release(slot);
 }
 
 chi_status_t ZmqClient::submit(chi_route_t route, chi_method_t method, const void *input, size_t input_size,

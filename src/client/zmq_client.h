@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "client/client.h"
-#include "core/free_stack.h"
+#include "client/slot_pool.h"
 
 namespace chi {
 
@@ -73,9 +73,7 @@ class ZmqClient final : public Client {
   // broken server's early result, a lost connection): published by nslots_.
   std::atomic<uint32_t> nslots_{0};
   std::unique_ptr<Slot[]> slots_;
-  FreeStack free_;
-  alignas(64) std::atomic<uint32_t> free_seq_{0};
-  std::atomic<int32_t> free_waiters_{0};
+  SlotPool slots_free_;
   // Caller threads -> I/O thread.
   std::mutex out_mu_;
   std::vector<uint32_t> out_slots_;

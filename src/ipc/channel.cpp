@@ -2,6 +2,8 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -11,6 +13,7 @@
 #include <cstring>
 
 #include "api/error.h"
+#include "core/log.h"
 
 namespace chi::ipc {
 
@@ -94,6 +97,29 @@ chi_status_t resolve_endpoint(const std::string &address, Endpoint *ep) {
     return set_error(CHI_ERR_INVALID, "socket path %s is longer than a Unix socket allows",
                      ep->socket_path.c_str());
   return CHI_OK;
+}
+
+chi_status_t lock_endpoint(const std::string &lock_path, const std::string &shown, int *fd) {
+  *fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (*fd < 0) return set_error(CHI_ERR_PERMISSION, "cannot open %s: %s", lock_path.c_str(), strerror(errno));
+  if (flock(*fd, LOCK_EX | LOCK_NB) != 0) {
+    char pid[32] = {0};
+    ssize_t n = pread(*fd, pid, sizeof pid - 1, 0);
+    pid[n > 0 ? n : 0] = 0;
+    if (char *nl = std::strchr(pid, '\n')) *nl = 0;
+    close(*fd);
+    *fd = -1;
+    return set_error(CHI_ERR_AGAIN, "another chimaera-server (pid %s) already serves %s", pid[0] ? pid : "?",
+                     shown.c_str());
+  }
+  std::string me = std::to_string(getpid()) + "\n";
+  if (ftruncate(*fd, 0) != 0 || pwrite(*fd, me.data(), me.size(), 0) < 0)
+    log(LogLevel::kWarn, "cannot record the pid in %s: %s", lock_path.c_str(), strerror(errno));
+  return CHI_OK;
+}
+
+std::string version_text(uint32_t v) {
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
 }
 
 bool send_msg(int sock, Op op, uint16_t flags, int32_t status, const void *payload, uint32_t length,

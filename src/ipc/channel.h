@@ -25,6 +25,15 @@ struct Endpoint {
 };
 chi_status_t resolve_endpoint(const std::string &address, Endpoint *ep);
 
+// Takes the lock file that decides which server serves `shown` (an flock
+// the kernel drops when its holder dies, so a dead server's files never
+// block a new one) and records this pid in it.  *fd: the held lock.
+// CHI_ERR_AGAIN (naming the holder's pid) when a live server has it.
+chi_status_t lock_endpoint(const std::string &lock_path, const std::string &shown, int *fd);
+
+// "MAJOR.MINOR.PATCH" of a CHI_VERSION_NUMBER-style number (messages).
+std::string version_text(uint32_t version);
+
 // Sends one message whole, with nfds (<= 2) descriptors; false if the peer is gone.
 bool send_msg(int sock, Op op, uint16_t flags, int32_t status, const void *payload,
               uint32_t length, const int *fds = nullptr, int nfds = 0);

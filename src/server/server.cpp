@@ -41,10 +41,6 @@ void drain_fd(int fd) {
 
 bool same_major_minor(uint32_t a, uint32_t b) { return a / 100 == b / 100; }
 
-std::string version_text(uint32_t v) {
-  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
-         std::to_string(v % 100);
-}
 
 }  // namespace
 
@@ -92,25 +88,7 @@ void Server::close_listeners() {
 chi_status_t Server::bind_endpoint(const std::string &address, Listener *l) {
   if (chi_status_t s = ipc::resolve_endpoint(address, &l->ep); s != CHI_OK) return s;
   const std::string shown = "shm://" + l->ep.name;
-  // The lock decides who serves the name: the kernel drops it when its
-  // holder dies, so a stale socket file never blocks a new server.
-  l->lock_fd = open(l->ep.lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (l->lock_fd < 0)
-    return set_error(CHI_ERR_PERMISSION, "cannot open %s: %s", l->ep.lock_path.c_str(), strerror(errno));
-  if (flock(l->lock_fd, LOCK_EX | LOCK_NB) != 0) {
-    char pid[32] = {0};
-    ssize_t n = pread(l->lock_fd, pid, sizeof pid - 1, 0);
-    if (n < 0) n = 0;
-    pid[n] = 0;
-    if (char *nl = std::strchr(pid, '\n')) *nl = 0;
-    close(l->lock_fd);
-    l->lock_fd = -1;
-    return set_error(CHI_ERR_AGAIN, "another chimaera-server (pid %s) already serves %s",
-                     pid[0] ? pid : "?", shown.c_str());
-  }
-  std::string me = std::to_string(getpid()) + "\n";
-  if (ftruncate(l->lock_fd, 0) != 0 || pwrite(l->lock_fd, me.data(), me.size(), 0) < 0)
-    log(LogLevel::kWarn, "cannot record the pid in %s: %s", l->ep.lock_path.c_str(), strerror(errno));
+  if (chi_status_t s = ipc::lock_endpoint(l->ep.lock_path, shown, &l->lock_fd); s != CHI_OK) return s;
   if (unlink(l->ep.socket_path.c_str()) == 0)
     log(LogLevel::kInfo, "took over the stale endpoint %s", l->ep.socket_path.c_str());
   l->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -340,9 +318,9 @@ void Server::handshake(int fd) {
   if (hello.protocol != ipc::kProtocolVersion ||
       !same_major_minor(hello.library_version, CHI_VERSION_NUMBER))
     return refuse(CHI_ERR_PROTOCOL, "version mismatch: client library " +
-                                        version_text(hello.library_version) + " protocol " +
+                                        ipc::version_text(hello.library_version) + " protocol " +
                                         std::to_string(hello.protocol) + ", server library " +
-                                        version_text(CHI_VERSION_NUMBER) + " protocol " +
+                                        ipc::version_text(CHI_VERSION_NUMBER) + " protocol " +
                                         std::to_string(ipc::kProtocolVersion));
   if (hello.kind != ipc::kSessionTasks && hello.kind != ipc::kSessionControl)
     return refuse(CHI_ERR_PROTOCOL, "unknown session kind " + std::to_string(hello.kind));
@@ -536,7 +514,7 @@ std::string Server::status_text(bool json) {
              "{\"address\":\"%s\",\"pid\":%d,\"version\":\"%s\",\"workers\":%u,"
              "\"pollers\":%zu,\"slots_in_use\":%llu,\"slots_total\":%llu,\"gpus\":%d,"
              "\"gpu_orchestrators\":\"%s\",\"clients\":[",
-             addrs.c_str(), int(getpid()), version_text(CHI_VERSION_NUMBER).c_str(), st.workers,
+             addrs.c_str(), int(getpid()), ipc::version_text(CHI_VERSION_NUMBER).c_str(), st.workers,
              pollers_.size(), (unsigned long long)st.slots_in_use, (unsigned long long)st.slots_total,
              st.gpus, st.gpus ? "running" : "none");
     out += line;
@@ -569,7 +547,7 @@ std::string Server::status_text(bool json) {
            "slots:    %llu of %llu CPU task slots in use\n"
            "gpus:     %d (orchestrators %s)\n"
            "clients:  %zu\n",
-           version_text(CHI_VERSION_NUMBER).c_str(), addrs.c_str(), int(getpid()), st.workers,
+           ipc::version_text(CHI_VERSION_NUMBER).c_str(), addrs.c_str(), int(getpid()), st.workers,
            pollers_.size(), (unsigned long long)st.slots_in_use, (unsigned long long)st.slots_total,
            st.gpus, st.gpus ? "running" : "none", rows.size());
   out += line;

@@ -15,6 +15,7 @@
 #include "core/futex.h"
 #include "core/log.h"
 #include "core/runtime.h"
+#include "ipc/channel.h"
 #include "ipc/curve.h"
 #include "ipc/frame.h"
 #include "ipc/wire.h"
@@ -24,9 +25,6 @@ namespace chi {
 namespace {
 
 
-std::string version_text(uint32_t v) {
-  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
-}
 
 }  // namespace
 
@@ -126,22 +124,8 @@ chi_status_t ZmqListener::bind() {
   if (!tcp) {
     // As for shm://: a lock held for the server's life decides who serves
     // the path; a dead server's socket file is then stale and replaced.
-    std::string lock = address_.substr(6) + ".lock";
-    lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (lock_fd_ < 0) return set_error(CHI_ERR_PERMISSION, "cannot open %s: %s", lock.c_str(), strerror(errno));
-    if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-      char pid[32] = {0};
-      ssize_t k = pread(lock_fd_, pid, sizeof pid - 1, 0);
-      pid[k > 0 ? k : 0] = 0;
-      if (char *nl = std::strchr(pid, '\n')) *nl = 0;
-      close(lock_fd_);
-      lock_fd_ = -1;
-      return set_error(CHI_ERR_AGAIN, "another chimaera-server (pid %s) already serves %s", pid[0] ? pid : "?",
-                       address_.c_str());
-    }
-    std::string me = std::to_string(getpid()) + "\n";
-    if (ftruncate(lock_fd_, 0) != 0 || pwrite(lock_fd_, me.data(), me.size(), 0) < 0)
-      log(LogLevel::kWarn, "cannot record the pid in %s", lock.c_str());
+    if (chi_status_t s = ipc::lock_endpoint(address_.substr(6) + ".lock", address_, &lock_fd_); s != CHI_OK)
+      return s;
     unlink(address_.c_str() + 6);
   }
   mode_t old = umask(0177);
@@ -375,9 +359,9 @@ void ZmqListener::handle_hello(const std::string &identity, int fd, uint64_t id,
   if (n < sizeof hello) return refuse(CHI_ERR_PROTOCOL, "short hello");
   std::memcpy(&hello, p, sizeof hello);
   if (hello.protocol != ipc::kProtocolVersion || hello.library_version / 100 != CHI_VERSION_NUMBER / 100)
-    return refuse(CHI_ERR_PROTOCOL, "version mismatch: client library " + version_text(hello.library_version) +
+    return refuse(CHI_ERR_PROTOCOL, "version mismatch: client library " + ipc::version_text(hello.library_version) +
                                         " protocol " + std::to_string(hello.protocol) + ", server library " +
-                                        version_text(CHI_VERSION_NUMBER) + " protocol " +
+                                        ipc::version_text(CHI_VERSION_NUMBER) + " protocol " +
                                         std::to_string(ipc::kProtocolVersion));
   if (hello.kind != ipc::kSessionTasks && hello.kind != ipc::kSessionControl)
     return refuse(CHI_ERR_PROTOCOL, "unknown session kind");
