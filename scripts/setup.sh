@@ -7,7 +7,7 @@ build=${BUILD_DIR:-$root/build}
 
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-for p in cmake ninja-build g++ pkg-config libyaml-dev libcmocka-dev libzmq3-dev jq clang libclang-rt-14-dev gfortran bindgen gnuplot-nox python3 hipcc; do
+for p in cmake ninja-build g++ pkg-config libyaml-dev libcmocka-dev libzmq3-dev jq clang libclang-rt-14-dev gfortran bindgen gnuplot-nox python3 hipcc libamdhip64-dev; do
   have_pkg "$p" || need+=("$p")
 done
 # Rust: the machine's toolchain if there is one, else Debian's.

@@ -1,15 +1,27 @@
 #!/usr/bin/env bash
 # Quick start, command 2: set up, build, and run every test suite: the main
-# build's ctest (C, Rust, Fortran, install, HIP compile check, GPU programs skipped without a
-# GPU), then the ThreadSanitizer and AddressSanitizer+UBSan builds of the
-# core and server tests, then short libFuzzer runs when clang is present.
-# CHI_SANITIZERS=0 skips the sanitizer builds, CHI_FUZZ=0 the fuzz runs.
+# build's ctest (C, Rust, Fortran, install, GPU programs skipped without a
+# GPU), then the HIP build (scripts/hip-check.sh: library, GPU tests and
+# examples through Debian's hipcc; skipped without an AMD GPU), then the
+# ThreadSanitizer and AddressSanitizer+UBSan builds of the core and server
+# tests, then short libFuzzer runs when clang is present.
+# CHI_HIP=0 skips the HIP build, CHI_SANITIZERS=0 the sanitizer builds,
+# CHI_FUZZ=0 the fuzz runs.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/setup.sh"
 
 status=0
 ctest --test-dir "$build" --output-on-failure -j2 || status=1
+
+# HIP backend: built on its own (about 2 minutes at -j2 on 2 cores), after the
+# main tests so that it does not slow their timing-sensitive runs.
+if [ "${CHI_HIP:-1}" != 0 ]; then
+  echo "== HIP build ($build-hip)"
+  hip_rc=0
+  "$root/scripts/hip-check.sh" "$build-hip" || hip_rc=$?
+  [ $hip_rc -eq 0 ] || [ $hip_rc -eq 77 ] || status=1
+fi
 
 if [ "${CHI_SANITIZERS:-1}" != 0 ]; then
   for san in thread address; do

@@ -17,4 +17,15 @@ if(CHI_HAVE_CUDA)
     target_link_libraries(${t} PRIVATE CUDA::cudart)
   endforeach()
   set_target_properties(test_gpu_orchestrator PROPERTIES CUDA_RUNTIME_LIBRARY Static)
+elseif(CHI_HAVE_HIP)
+  # HIP build: the same programs through hipcc (gpu/CMakeLists.txt); without
+  # an AMD GPU each exits 77.
+  foreach(t test_gpu test_gpu_orchestrator gpu_timing test_gpu_coexist)
+    chi_add_test(${t} SOURCES gpu/${t}.cu GPU TIMEOUT 600 LABELS "gpu;hip")
+    chi_hip_target(${t})
+  endforeach()
+  # Compile-only: every device call and the orchestrator macro instantiated.
+  add_library(device_api_check OBJECT gpu/device_api_check.cu)
+  target_link_libraries(device_api_check PRIVATE chimaera::chimaera)
+  chi_hip_target(device_api_check)
 endif()
