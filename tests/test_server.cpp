@@ -51,7 +51,7 @@ std::string unique_name(const char *what) {
   std::string name = std::string(what) + "-" + std::to_string(getpid()) + "-" + std::to_string(++n);
   if (g_transport == "ipc") return "ipc://" + g_dir + "/" + name + ".ipc";
   // Ports from the pid, so that parallel test programs do not meet.
-  if (g_transport == "tcp") return "tcp://127.0.0.1:" + std::to_string(20000 + (getpid() % 2500) * 16 + n % 16);
+  if (g_transport == "tcp") return "tcp://127.0.0.1:" + std::to_string(20000 + (getpid() % 1000) * 40 + n % 40);
   return "shm://" + name;
 }
 

@@ -275,7 +275,12 @@ chi_status_t ShmClient::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, vo
       w = h->state.load(std::memory_order_acquire);
       continue;
     }
-    if (!server_alive()) return disconnected("chi_wait");
+    if (!server_alive()) {
+      // The result may have come just before the server went.
+      w = h->state.load(std::memory_order_acquire);
+      if ((w & ~ipc::kSlotSleeper) != done) return disconnected("chi_wait");
+      break;
+    }
     // Sleep on the segment word in slices, re-checking the server between them.
     uint32_t want = w | ipc::kSlotSleeper;
     if (w != want &&

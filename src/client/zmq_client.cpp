@@ -219,8 +219,10 @@ void ZmqClient::io_main() {
       while (read(wake_fd_, &v, sizeof v) > 0) {
       }
     }
-    if (items[2].revents & ZMQ_POLLIN) io_monitor();
+    // Replies before socket events: a result that came before the
+    // connection closed is delivered, not lost to the disconnect.
     if (items[0].revents & ZMQ_POLLIN) io_receive();
+    if (items[2].revents & ZMQ_POLLIN) io_monitor();
     io_send_queued();
   }
   // Last words (kBye) go out if they can; LINGER 0 drops the rest.
@@ -453,7 +455,12 @@ chi_status_t ZmqClient::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, vo
       w = s.word.load(std::memory_order_acquire);
       continue;
     }
-    if (gone_.load(std::memory_order_acquire)) return disconnected("chi_wait");
+    if (gone_.load(std::memory_order_acquire)) {
+      // The result may have come just before the server went.
+      w = s.word.load(std::memory_order_acquire);
+      if (st_of(w) == kPending && gen_of(w) == gen) return disconnected("chi_wait");
+      continue;
+    }
     int64_t now = now_ns();
     if (timeout_ns >= 0 && now - start >= timeout_ns)
       return set_error(CHI_ERR_TIMEOUT, "task not finished within %lld ns", (long long)timeout_ns);
