@@ -1,0 +1,131 @@
+/*
+ * chimaera/device_layout.h -- the memory chimaera's runtime and device code
+ * share: the structures the library sets up in pinned host and device memory,
+ * their constants, and the request a device handler receives.
+ *
+ * Included by chimaera_device.h; not meant for direct use.  Plain C (the
+ * static_assert aside), so host code and device code compile the same
+ * definitions.  CHI_DEV_ABI_VERSION changes whenever one of them does: an
+ * orchestrator kernel built against another version reports
+ * CHI_DEV_FAULT_ABI instead of running.
+ */
+#ifndef CHIMAERA_DEVICE_LAYOUT_H
+#define CHIMAERA_DEVICE_LAYOUT_H
+
+#include <stdint.h>
+
+#include "chimaera.h"
+
+#define CHI_DEV_ABI_VERSION 3u
+#define CHI_DEV_CTX_MAGIC 0x43484944u /* "CHID" */
+
+/* An LL record: 32 eight-byte words, each {uint32 data, uint32 flag}.  Words
+ * 0..3 are a header, words 4..31 carry up to 112 bytes inline. */
+#define CHI_DEV_LL_WORDS 32u
+#define CHI_DEV_LL_HEADER 4u
+#define CHI_DEV_LL_INLINE 112u
+
+/* GPU->GPU slot: this header, then the input at +CHI_DEV_SLOT_HEADER, the output at
+ * +CHI_DEV_SLOT_HEADER + payload_stride. */
+#define CHI_DEV_SLOT_HEADER 64u
+typedef struct chi_dev_slot_header {
+  uint32_t method;
+  uint32_t input_size;
+  int32_t status;
+  uint32_t output_size;
+} chi_dev_slot_header_t;
+
+/* Slot state word: (generation << 8) | state. */
+#define CHI_DEV_SLOT_FREE 0u
+#define CHI_DEV_SLOT_SUBMITTED 1u
+#define CHI_DEV_SLOT_DONE 2u
+#define CHI_DEV_SLOT_CLAIMED 3u
+
+#define CHI_DEV_MAX_REGIONS 1024u
+typedef struct chi_dev_region {
+  uint64_t id; /* 0: free entry */
+  uint64_t base;
+  uint64_t size;
+  int64_t gpu;
+} chi_dev_region_t;
+
+/* Registered memory as device code sees it: a seqlock (seq odd while the
+ * runtime rewrites entries) over a table indexed like MemoryRegions. */
+typedef struct chi_dev_regions {
+  uint32_t seq;
+  uint32_t pad[15];
+  chi_dev_region_t r[CHI_DEV_MAX_REGIONS];
+} chi_dev_regions_t;
+
+/* What chi_dev_context_t holds (at most 32 words). */
+typedef struct chi_dev_ctx_layout {
+  uint32_t magic;
+  int32_t gpu;
+  uint32_t max_payload;    /* inline payload limit, bytes */
+  uint32_t slots;          /* GPU->GPU and GPU->CPU slots each, power of two >= 32 */
+  uint64_t payload_stride; /* bytes reserved per payload buffer (max_payload rounded up) */
+  /* GPU->GPU, device memory */
+  uint8_t *d2d_slots; /* slots x (CHI_DEV_SLOT_HEADER + 2 x payload_stride) */
+  uint32_t *d2d_state;
+  uint32_t *d2d_bitmap;
+  uint64_t *d2d_cells; /* run queue: slots cells of (sequence << 32 | slot) */
+  uint64_t *d2d_head;
+  uint64_t *d2d_tail;
+  /* GPU->CPU: ring, replies and large payloads in pinned host memory;
+   * slot states, bitmap and ticket counter in device memory. */
+  uint64_t *d2h_ring; /* d2h_ring_entries LL records */
+  uint64_t *d2h_reply; /* slots LL records */
+  uint8_t *d2h_buf;    /* slots x payload_stride */
+  uint32_t *d2h_state;
+  uint32_t *d2h_bitmap;
+  uint64_t *d2h_tail;
+  chi_dev_regions_t *regions;
+  uint32_t d2h_ring_entries; /* slots x CPU pollers */
+  uint32_t wait_spin_ns;     /* chi_dev_wait polls without a pause this long, then backs off */
+} chi_dev_ctx_layout_t;
+
+/* The orchestrator's state in device memory, passed to its kernel. */
+typedef struct chi_dev_orch_state {
+  chi_dev_context_t ctx; /* this GPU's context, handed to handlers */
+  uint32_t abi;
+  uint32_t nwarps;       /* orchestrator warps (grid x block / warp size) */
+  uint32_t h2d_pollers;  /* warps that poll the CPU->GPU ring (power of two) */
+  uint32_t h2d_slots;    /* CPU->GPU slots (gpu.queue_depth) */
+  uint32_t h2d_ring_entries;
+  uint32_t ndispatch;    /* entries of dispatch */
+  uint64_t *h2d_ring;    /* pinned: CPU->GPU ring of LL records */
+  uint64_t *h2d_done;    /* pinned: one LL completion record per slot */
+  uint8_t *h2d_buf;      /* pinned: slots x payload_stride, payloads over 112 bytes */
+  uint32_t *control;     /* device, 16 words: [0] stop request, [1] fault code, [4..5] warp
+                          * arrivals (uint64, lease epochs), [6..7] last lease over (uint64) */
+  uint64_t *h2d_next;    /* device: next ticket of each polling warp */
+  int32_t *dispatch;     /* device: method id -> user dispatch index, -1: none */
+  uint8_t *scratch;      /* device: per warp, input then output, payload_stride each */
+  /* Fields added after ABI 2 go here, after `control`: a kernel of another ABI
+   * still finds `abi` and `control` where it expects them and reports itself. */
+  uint64_t lease_ns;     /* the kernel's lease (0: never ends); see orchestrator_main */
+  const uint64_t *host_lease; /* pinned, written by the runtime's lease thread: [0] launches
+                               * queued so far, [1] index + 1 of the next launch it will
+                               * queue (it may be held back in a CUDA call) */
+} chi_dev_orch_state_t;
+
+#define CHI_DEV_FAULT_ABI 1u /* kernel compiled against another chimaera_device.h */
+
+/* A task as a device handler sees it. */
+typedef struct chi_dev_request {
+  chi_method_t method;
+  chi_route_t source; /* CHI_ROUTE_CPU: submitted by host code; else the GPU id of a kernel */
+  const void *input;
+  uint32_t input_size;
+  void *output;
+  uint32_t output_capacity;
+  uint32_t output_size; /* set by the handler (lane 0's value counts) */
+  const chi_dev_context_t *ctx; /* the GPU's context: handlers may submit and resolve memory */
+} chi_dev_request_t;
+
+#if defined(__cplusplus)
+static_assert(sizeof(chi_dev_ctx_layout_t) <= sizeof(chi_dev_context_t),
+              "device context layout must fit chi_dev_context_t");
+#endif
+
+#endif /* CHIMAERA_DEVICE_LAYOUT_H */

@@ -1,0 +1,443 @@
+/*
+ * chimaera/device_orchestrator.h -- the orchestrator kernel's body and the
+ * CHI_DEFINE_ORCHESTRATOR machinery (its contract is documented in
+ * chimaera_device.h).
+ *
+ * Included by chimaera_device.h; not meant for direct use.
+ *
+ * One loop, shared by the library's built-in orchestrator and by every user
+ * orchestrator made with CHI_DEFINE_ORCHESTRATOR, so built-in methods always
+ * work.  Warps 0 .. h2d_pollers-1 poll the CPU->GPU ring (each its share of
+ * tickets) and run what they find; the other warps run the GPU->GPU queue
+ * (with a single warp, it does both).  Handlers run on a whole warp.  The
+ * kernel ends after its lease (state->lease_ns) or at the stop flag and is
+ * relaunched by the runtime; a launch picks up where the last one stopped.
+ */
+#ifndef CHIMAERA_DEVICE_ORCHESTRATOR_H
+#define CHIMAERA_DEVICE_ORCHESTRATOR_H
+
+#include <stdint.h>
+
+#include "chimaera/gpu_port.h"
+#include "chimaera/device_layout.h"
+#include "chimaera/device_protocol.h"
+
+#if defined(CHI_GPU_COMPILER) && defined(__cplusplus)
+
+namespace chi_dev_detail {
+
+CHI_DEVICE void warp_copy(uint8_t *dst, const uint8_t *src, uint32_t n, uint32_t lane) {
+  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15u) == 0) {
+    uint32_t n16 = n & ~15u;
+    for (uint32_t i = lane * 16u; i < n16; i += 16u * CHI_WARP_SIZE)
+      *reinterpret_cast<uint4 *>(dst + i) = *reinterpret_cast<const uint4 *>(src + i);
+    for (uint32_t i = n16 + lane; i < n; i += CHI_WARP_SIZE) dst[i] = src[i];
+  } else {
+    for (uint32_t i = lane; i < n; i += CHI_WARP_SIZE) dst[i] = src[i];
+  }
+}
+/* Copy out of pinned host memory: volatile 16-byte loads, many in flight. */
+CHI_DEVICE void warp_copy_from_host(uint8_t *dst, const uint8_t *src, uint32_t n, uint32_t lane) {
+  const uint64_t *s = reinterpret_cast<const uint64_t *>(src);
+  uint64_t *d = reinterpret_cast<uint64_t *>(dst);
+  uint32_t nw = (n + 7u) / 8u;
+  for (uint32_t i = 2u * lane; i < nw; i += 2u * CHI_WARP_SIZE) {
+    uint64_t a, b;
+    chi_port::ll_load16(s + i, &a, &b);
+    d[i] = a;
+    if (i + 1u < nw) d[i + 1u] = b;
+  }
+}
+
+CHI_DEVICE chi_status_t builtin_echo(chi_dev_request_t *r, uint32_t lane) {
+  if (r->input_size > r->output_capacity) return CHI_ERR_TOO_LARGE;
+  warp_copy(static_cast<uint8_t *>(r->output), static_cast<const uint8_t *>(r->input), r->input_size, lane);
+  r->output_size = r->input_size;
+  return CHI_OK;
+}
+CHI_DEVICE chi_status_t builtin_add(chi_dev_request_t *r, uint32_t lane) {
+  if (r->input_size != 16u || r->output_capacity < 8u) return CHI_ERR_INVALID;
+  if (lane == 0) {
+    const uint8_t *in = static_cast<const uint8_t *>(r->input);
+    uint64_t a = 0, b = 0;
+    for (int i = 7; i >= 0; --i) {
+      a = (a << 8) | in[i];
+      b = (b << 8) | in[8 + i];
+    }
+    uint64_t sum = a + b;
+    uint8_t *out = static_cast<uint8_t *>(r->output);
+    for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(sum >> (8 * i));
+  }
+  r->output_size = 8;
+  return CHI_OK;
+}
+/* FNV-1a is sequential: lane 0 hashes, reading words where it can. */
+CHI_DEVICE uint64_t fnv1a64(const void *data, uint32_t n) {
+  const uint8_t *p = static_cast<const uint8_t *>(data);
+  uint64_t h = 0xcbf29ce484222325ull;
+  uint32_t i = 0;
+  if ((reinterpret_cast<uintptr_t>(p) & 3u) == 0) {
+    for (; i + 4u <= n; i += 4u) {
+      uint32_t w = *reinterpret_cast<const uint32_t *>(p + i);
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        h ^= (w >> (8 * b)) & 0xFFu;
+        h *= 0x100000001b3ull;
+      }
+    }
+  }
+  for (; i < n; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+CHI_DEVICE chi_status_t builtin_checksum(chi_dev_request_t *r, uint32_t lane) {
+  if (r->output_capacity < 8u) return CHI_ERR_TOO_LARGE;
+  if (lane == 0) {
+    uint64_t h = fnv1a64(r->input, r->input_size);
+    uint8_t *out = static_cast<uint8_t *>(r->output);
+    for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(h >> (8 * i));
+  }
+  r->output_size = 8;
+  return CHI_OK;
+}
+
+/* Runs one task on the whole warp; returns lane 0's status, with
+ * r->output_size set to lane 0's value (checked against the capacity). */
+template <class D>
+CHI_DEVICE_NOINLINE chi_status_t run_handler(const chi_dev_orch_state_t *st, chi_dev_request_t *r,
+                                             uint32_t lane) {
+  chi_status_t s;
+  const chi_method_t m = r->method;
+  if (m == CHI_METHOD_ECHO) {
+    s = builtin_echo(r, lane);
+  } else if (m == CHI_METHOD_ADD) {
+    s = builtin_add(r, lane);
+  } else if (m == CHI_METHOD_CHECKSUM) {
+    s = builtin_checksum(r, lane);
+  } else {
+    int32_t idx = m < st->ndispatch ? chi_port::ld_relaxed_dev(st->dispatch + m) : -1;
+    s = idx < 0 ? CHI_ERR_NOT_FOUND : D::call(static_cast<uint32_t>(idx), r);
+  }
+  chi_port::syncwarp();
+  s = chi_port::shfl(s, 0);
+  r->output_size = chi_port::shfl(r->output_size, 0);
+  if (r->output_size > r->output_capacity) {
+    s = CHI_ERR_INTERNAL;
+    r->output_size = 0;
+  }
+  return s;
+}
+
+template <class D>
+CHI_DEVICE_NOINLINE void run_device_task(const chi_dev_orch_state_t *st, uint32_t slot, uint32_t lane) {
+  const chi_dev_layout *l = layout(&st->ctx);
+  uint8_t *base = l->d2d_slots + static_cast<uint64_t>(slot) * (CHI_DEV_SLOT_HEADER + 2u * l->payload_stride);
+  chi_dev_slot_header_t *h = reinterpret_cast<chi_dev_slot_header_t *>(base);
+  /* The state word (for its generation) in the same round trip as the header. */
+  const uint32_t w = lane == 0 ? chi_port::ld_relaxed_dev(l->d2d_state + slot) : 0u;
+  chi_dev_request_t r;
+  r.method = h->method;
+  r.source = l->gpu;
+  r.input = base + CHI_DEV_SLOT_HEADER;
+  r.input_size = h->input_size;
+  r.output = base + CHI_DEV_SLOT_HEADER + l->payload_stride;
+  r.output_capacity = l->max_payload;
+  r.output_size = 0;
+  r.ctx = &st->ctx;
+  chi_status_t s = r.input_size > l->max_payload ? CHI_ERR_PROTOCOL : run_handler<D>(st, &r, lane);
+  if (lane == 0) {
+    h->status = s;
+    h->output_size = r.output_size;
+    chi_port::st_release_dev(l->d2d_state + slot, (w & ~0xFFu) | CHI_DEV_SLOT_DONE);
+  }
+  chi_port::syncwarp();
+}
+
+/* v: this lane's word of a complete ring entry (lanes >= 32 hold nothing). */
+template <class D>
+CHI_DEVICE_NOINLINE void run_host_task(const chi_dev_orch_state_t *st, uint64_t v, uint32_t lane,
+                                       uint8_t *in, uint8_t *out) {
+  const chi_dev_layout *l = layout(&st->ctx);
+  const uint32_t method = chi_port::shfl(ll_data(v), 0);
+  const uint32_t size = chi_port::shfl(ll_data(v), 1);
+  const uint32_t slot = chi_port::shfl(ll_data(v), 2);
+  const uint32_t gen = chi_port::shfl(ll_data(v), 3);
+  if (slot >= st->h2d_slots) return; /* cannot answer: nobody waits on such a slot */
+  chi_dev_request_t r;
+  r.method = method;
+  r.source = CHI_ROUTE_CPU;
+  r.input = in;
+  r.input_size = size;
+  r.output = out;
+  r.output_capacity = l->max_payload;
+  r.output_size = 0;
+  r.ctx = &st->ctx;
+  chi_status_t s;
+  if (size > l->max_payload) {
+    s = CHI_ERR_PROTOCOL;
+  } else {
+    if (size <= CHI_DEV_LL_INLINE) {
+      if (lane >= CHI_DEV_LL_HEADER && lane < CHI_DEV_LL_WORDS && (lane - CHI_DEV_LL_HEADER) * 4u < size)
+        reinterpret_cast<uint32_t *>(in)[lane - CHI_DEV_LL_HEADER] = ll_data(v);
+    } else {
+      chi_port::fence_acquire_sys();
+      warp_copy_from_host(in, st->h2d_buf + static_cast<uint64_t>(slot) * l->payload_stride, size, lane);
+    }
+    chi_port::syncwarp();
+    s = run_handler<D>(st, &r, lane);
+  }
+  uint64_t *rec = st->h2d_done + static_cast<uint64_t>(slot) * CHI_DEV_LL_WORDS;
+  const uint32_t osize = r.output_size;
+  if (osize <= CHI_DEV_LL_INLINE) {
+    /* One coalesced 256-byte store; the flags make a fence unnecessary. */
+    if (lane >= CHI_DEV_LL_HEADER && lane < CHI_DEV_LL_WORDS && (lane - CHI_DEV_LL_HEADER) * 4u < osize)
+      chi_port::ll_store8(rec + lane, ll_pack(reinterpret_cast<const uint32_t *>(out)[lane - CHI_DEV_LL_HEADER], gen));
+  } else {
+    uint64_t *dst = reinterpret_cast<uint64_t *>(st->h2d_buf + static_cast<uint64_t>(slot) * l->payload_stride);
+    const uint64_t *src = reinterpret_cast<const uint64_t *>(out);
+    for (uint32_t i = 2u * lane; i < (osize + 7u) / 8u; i += 2u * CHI_WARP_SIZE)
+      chi_port::ll_store16(dst + i, src[i], src[i + 1u]);
+    chi_port::fence_sys();
+    chi_port::syncwarp();
+  }
+  if (lane == 0) chi_port::ll_store16(rec, ll_pack(static_cast<uint32_t>(s), gen), ll_pack(osize, gen));
+  chi_port::syncwarp();
+}
+
+/* Polls this warp's share of the CPU->GPU ring: the entries of tickets next,
+ * next + P, ... (up to 4 at once when busy, in one round trip) and runs those
+ * that are complete, in order.  Returns the number run. */
+template <class D>
+CHI_DEVICE_NOINLINE uint32_t poll_host(const chi_dev_orch_state_t *st, uint64_t *next, uint32_t batch,
+                                       uint32_t lane, uint8_t *in, uint8_t *out) {
+  const uint32_t P = st->h2d_pollers;
+  const uint64_t mask = st->h2d_ring_entries - 1u;
+  const bool reader = lane < CHI_DEV_LL_WORDS;
+  uint64_t v[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (uint32_t k = 0; k < 4u; ++k)
+    if (k < batch && reader)
+      v[k] = chi_port::ll_load8(st->h2d_ring + ((*next + k * P) & mask) * CHI_DEV_LL_WORDS + lane);
+  uint32_t ran = 0;
+  for (uint32_t k = 0; k < batch; ++k) {
+    uint64_t x = k == 0 ? v[0] : k == 1 ? v[1] : k == 2 ? v[2] : v[3];
+    const uint64_t ticket = *next + k * P;
+    const uint32_t flag = static_cast<uint32_t>(ticket) + 1u;
+    if ((chi_port::ballot(lane < CHI_DEV_LL_HEADER && ll_flag(x) == flag) & 0xFu) != 0xFu) break;
+    const uint32_t size = chi_port::shfl(ll_data(x), 1);
+    const uint32_t words =
+        CHI_DEV_LL_HEADER + (size <= CHI_DEV_LL_INLINE ? static_cast<uint32_t>(round_words(size)) : 0u);
+    /* Header seen before all data words landed: read those words again. */
+    const uint64_t *mine = st->h2d_ring + (ticket & mask) * CHI_DEV_LL_WORDS + lane;
+    while (chi_port::ballot(lane < words && ll_flag(x) != flag) != 0)
+      if (lane < words && ll_flag(x) != flag) x = chi_port::ll_load8(mine);
+    run_host_task<D>(st, x, lane, in, out);
+    ++ran;
+  }
+  *next += static_cast<uint64_t>(ran) * P;
+  return ran;
+}
+
+constexpr uint64_t kWorkerSpinNs = 50000;
+/* Past its lease the keeper warp looks at the device routes this often. */
+constexpr uint64_t kKeeperSampleNs = 4000;
+/* A task slot held with no device-route activity keeps the kernel at most this long
+ * (a future never waited for must not keep it forever). */
+constexpr uint64_t kKeeperHoldNs = 20000000;
+/* A successor launch still being queued after this long is held back by
+ * another thread's device-wide call. */
+constexpr uint64_t kKeeperBlockedNs = 30000;
+/* With no successor queued or being queued this long after the lease (the
+ * lease thread is not running), the kernel ends anyway. */
+constexpr uint64_t kKeeperHostLateNs = 20000000;
+
+/* The keeper's view of the device routes (warp-collective): a signature that
+ * changes with every submission (the tickets) and every slot taken or freed
+ * (the bitmaps), and whether any slot is in use. */
+CHI_DEVICE_NOINLINE uint64_t route_signature(const chi_dev_layout *l, uint32_t lane, bool *in_use) {
+  const uint32_t nw = l->slots >> 5;
+  uint64_t h = 0;
+  uint32_t any = 0;
+  for (uint32_t i = lane; i < nw; i += CHI_WARP_SIZE) {
+    const uint32_t a = chi_port::ld_relaxed_dev(l->d2d_bitmap + i);
+    const uint32_t b = chi_port::ld_relaxed_dev(l->d2h_bitmap + i);
+    any |= a | b;
+    h += (static_cast<uint64_t>(a) * 0x9E3779B97F4A7C15ull) ^
+         ((static_cast<uint64_t>(b) + i) * 0xBF58476D1CE4E5B9ull) ^ i;
+  }
+  for (int d = 1; d < CHI_WARP_SIZE; d <<= 1) {
+    h += chi_port::shfl(h, static_cast<int>(lane ^ static_cast<uint32_t>(d)));
+    any |= chi_port::shfl(any, static_cast<int>(lane ^ static_cast<uint32_t>(d)));
+  }
+  *in_use = any != 0;
+  uint64_t tails = lane == 0 ? chi_port::ld_relaxed_dev(l->d2d_tail) * 0x100000001B3ull +
+                                   chi_port::ld_relaxed_dev(l->d2h_tail)
+                             : 0u;
+  return h ^ chi_port::shfl(tails, 0);
+}
+/* Tasks a worker takes at once: one pop round trip for several tasks, few
+ * enough that a burst still spreads over the workers. */
+constexpr uint32_t kPopBatch = 8;
+
+template <class D>
+CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
+  const uint32_t lane = chi_port::lane_id();
+  const uint32_t wpb = blockDim.x / CHI_WARP_SIZE;
+  const uint32_t gw = blockIdx.x * wpb + threadIdx.x / CHI_WARP_SIZE;
+  if (st->abi != CHI_DEV_ABI_VERSION) {
+    if (gw == 0 && lane == 0) chi_port::st_relaxed_dev(st->control + 1, CHI_DEV_FAULT_ABI);
+    return;
+  }
+  if (gw >= st->nwarps) return;
+  const chi_dev_layout *l = layout(&st->ctx);
+  const bool poller = gw < st->h2d_pollers;
+  const bool worker = !poller || st->nwarps == 1u;
+  uint8_t *in = st->scratch + static_cast<uint64_t>(gw) * 2u * l->payload_stride;
+  uint8_t *out = in + l->payload_stride;
+  uint64_t next = poller ? st->h2d_next[gw] : 0;
+  uint32_t batch = 1;
+  uint64_t idle_since = 0;
+  uint64_t qhead = 0; /* the worker's guess of the run queue's head */
+  if (worker) {
+    uint64_t h = lane == 0 ? chi_port::ld_relaxed_dev(l->d2d_head) : 0u;
+    qhead = chi_port::shfl(h, 0);
+  }
+  /* The lease (docs/gpu.md, "Coexisting with other CUDA code").  The kernel
+   * ends after lease_ns, so that device-wide synchronization by other code
+   * (cudaFree, cudaDeviceSynchronize, module loading) waits about one lease.
+   * All in-flight state is in device memory (the polling warps' next
+   * tickets, the run queue, the slots), so the next launch goes on from
+   * there.  The runtime's lease thread queues that launch on the same stream
+   * shortly before the lease ends, so it starts as soon as this one ends.
+   * The last warp, the keeper, decides when the launch ends, once past the
+   * lease: at once when the successor is queued; if queuing it takes longer
+   * than kKeeperBlockedNs (another thread's cudaFree or the like holds
+   * launches back until the device is idle, kernels that wait for tasks
+   * included), only once no device task was submitted, taken or consumed for
+   * a lease and no slot is in use (or slots were held with no activity for
+   * kKeeperHoldNs), so that those kernels finish and the call returns;
+   * without a successor or an attempt, after kKeeperHostLateNs.  Its
+   * decision reaches the other warps through control[6..7], compared with
+   * the launch's epoch (= launch index, from the arrival counter). */
+  const uint64_t lease_ns = st->lease_ns;
+  const uint64_t t_start = chi_port::shfl(chi_port::timer_ns(), 0); /* warp-uniform decisions */
+  const uint64_t lease_end = lease_ns ? t_start + lease_ns : ~0ull;
+  uint64_t *const arrivals = reinterpret_cast<uint64_t *>(st->control + 4);
+  uint64_t *const lease_over = reinterpret_cast<uint64_t *>(st->control + 6);
+  uint64_t epoch = 0;
+  const bool keeper = lease_ns != 0 && gw == st->nwarps - 1u;
+  uint64_t keep_sig = 0, keep_since = t_start, keep_sampled = 0, trying_since = 0;
+  if (lease_ns) {
+    const uint64_t a = lane == 0 ? chi_port::fetch_add_dev(arrivals, static_cast<uint64_t>(1)) : 0u;
+    epoch = chi_port::shfl(a, 0) / st->nwarps; /* launches never overlap: exact */
+    /* A launch queued behind one that pause stopped: nothing to do. */
+    const uint32_t stop0 = lane == 0 ? chi_port::ld_relaxed_dev(st->control) : 0u;
+    if (chi_port::shfl(stop0, 0)) return;
+    bool in_use;
+    if (keeper) keep_sig = route_signature(l, lane, &in_use);
+  }
+  for (;;) {
+    /* The stop flag's load overlaps this round's polls; it is looked at after them. */
+    const uint32_t stop = lane == 0 ? chi_port::ld_relaxed_dev(st->control) : 0u;
+    const uint64_t now0 = lane == 0 && lease_ns ? chi_port::timer_ns() : 0u;
+    uint32_t expired = 0u;
+    if (lease_ns && !keeper && lane == 0 && now0 >= lease_end)
+      expired = chi_port::ld_relaxed_dev(lease_over) > epoch ? 1u : 0u;
+    uint32_t ran = 0;
+    if (poller) {
+      ran = poll_host<D>(st, &next, batch, lane, in, out);
+      batch = ran ? 4u : 1u;
+    }
+    if (worker) {
+      uint32_t mine = 0;
+      const uint32_t n = queue_pop_warp(l, lane, kPopBatch, &qhead, &mine);
+      chi_port::syncwarp(); /* orders the lanes' acquires before the other lanes' reads */
+      for (uint32_t k = 0; k < n; ++k) run_device_task<D>(st, chi_port::shfl(mine, static_cast<int>(k)), lane);
+      ran += n;
+    }
+    if (keeper) {
+      const uint64_t now = chi_port::shfl(now0, 0);
+      if (now >= lease_end && now - keep_sampled >= kKeeperSampleNs) {
+        keep_sampled = now;
+        uint64_t queued = 0, trying = 0;
+        if (lane == 0) chi_port::ll_load16(st->host_lease, &queued, &trying);
+        queued = chi_port::shfl(queued, 0);
+        trying = chi_port::shfl(trying, 0);
+        bool leave = false;
+        if (queued >= epoch + 2u) {
+          leave = true; /* the successor is queued: it starts when this launch ends */
+        } else if (trying == epoch + 2u) { /* being queued, or the lease thread is held back */
+          if (trying_since == 0) trying_since = now;
+          if (now - trying_since >= kKeeperBlockedNs) {
+            bool in_use;
+            const uint64_t sig = route_signature(l, lane, &in_use);
+            if (sig != keep_sig) {
+              keep_sig = sig;
+              keep_since = now;
+            }
+            const uint64_t quiet = now - keep_since;
+            leave = quiet >= lease_ns && (!in_use || quiet >= kKeeperHoldNs);
+          }
+        } else {
+          trying_since = 0;
+          leave = now - lease_end >= kKeeperHostLateNs;
+        }
+        if (leave) {
+          if (lane == 0) chi_port::st_relaxed_dev(lease_over, epoch + 1u);
+          expired = 1u;
+        }
+      }
+    }
+    if (chi_port::shfl(stop | expired, 0)) break;
+    if (ran) {
+      idle_since = 0;
+    } else if (!poller) {
+      /* A worker idle for a while naps (it shares its SM with user
+       * kernels); before that it spins, so a task that comes within
+       * kWorkerSpinNs of the last one waits for no nap. */
+      const uint64_t now = chi_port::timer_ns();
+      if (idle_since == 0) idle_since = now;
+      else if (now - idle_since > kWorkerSpinNs) chi_port::nanosleep(256u);
+    }
+  }
+  if (poller && lane == 0) st->h2d_next[gw] = next;
+}
+
+}  // namespace chi_dev_detail
+
+/* CHI_DEFINE_ORCHESTRATOR(name, dispatch_fn, names_array, count): a
+ * dispatch struct whose call() forwards to dispatch_fn, a __global__ kernel
+ * that runs orchestrator_main with it, a host launcher next to that kernel (so
+ * the CUDA runtime instance that registered the kernel launches it), and
+ * chi_gpu_orchestrator_t name(void), which hands the launcher and the method
+ * names to chi_gpu_set_orchestrator. */
+#define CHI_DEFINE_ORCHESTRATOR(name, dispatch_fn, names_array, count)                           \
+  struct name##_chi_dispatch {                                                                  \
+    static __device__ __forceinline__ chi_status_t call(uint32_t index, chi_dev_request_t *req) { \
+      return dispatch_fn(index, req);                                                           \
+    }                                                                                           \
+  };                                                                                            \
+  __global__ void name##_chi_kernel(const chi_dev_orch_state_t *state) {                        \
+    chi_dev_detail::orchestrator_main<name##_chi_dispatch>(state);                              \
+  }                                                                                             \
+  static chi_status_t name##_chi_launch(const chi_gpu_launch_t *launch) {                       \
+    if (!launch || launch->struct_size < sizeof(chi_gpu_launch_t)) return CHI_ERR_INVALID;      \
+    name##_chi_kernel<<<launch->blocks, launch->threads_per_block, 0,                           \
+                        (chi_port_stream_t)launch->stream>>>(                                   \
+        (const chi_dev_orch_state_t *)launch->state);                                           \
+    return chi_port_launch_ok() ? CHI_OK : CHI_ERR_INTERNAL;                                    \
+  }                                                                                             \
+  chi_gpu_orchestrator_t name(void) {                                                           \
+    chi_gpu_orchestrator_t o;                                                                   \
+    o.struct_size = sizeof(o);                                                                  \
+    o.launch = name##_chi_launch;                                                               \
+    o.method_names = (names_array);                                                             \
+    o.method_count = (uint32_t)(count);                                                         \
+    return o;                                                                                   \
+  }
+
+#endif /* CHI_GPU_COMPILER && __cplusplus */
+
+#endif /* CHIMAERA_DEVICE_ORCHESTRATOR_H */
