@@ -455,7 +455,7 @@ void test_client_kill_loop(void **) {
   }
   assert_true(settle(f.rt, 0));
   // Dead sessions are freed by the server's control thread on its next turn.
-  for (int i = 0; i < 1000 && count_fds() != fds_before; ++i) usleep(10000);
+  for (int i = 0; i < 1000 && count_fds() > fds_before; ++i) usleep(10000);
   chi_stats_t st = stats_of(f.rt);
   const int fds_after = count_fds();
   const long rss_after = rss_kb();
@@ -468,7 +468,8 @@ void test_client_kill_loop(void **) {
   assert_int_equal(st.clients, 0);
   assert_int_equal(st.slots_in_use, 0);
   assert_int_equal(st.routes[CHI_STATS_CLIENT].in_flight, 0);
-  assert_int_equal(fds_after, fds_before);
+  // A descriptor of an earlier test may still close meanwhile: none may be added.
+  assert_true(fds_after <= fds_before);
   // Each dead session's segment is unmapped: RSS may grow by allocator
   // noise, never by a segment per kill (1024 slots of 8 KiB each).
   assert_true(rss_after - rss_before < 32 * 1024);
@@ -752,7 +753,7 @@ void test_churn(void **) {
     }
   }
   assert_true(settle(f.rt, 0));
-  for (int i = 0; i < 1000 && count_fds() != fds_before; ++i) usleep(10000);
+  for (int i = 0; i < 1000 && count_fds() > fds_before; ++i) usleep(10000);
   chi_stats_t st = stats_of(f.rt);
   const int fds_after = count_fds();
   const long rss_after = rss_kb();
@@ -762,7 +763,8 @@ void test_churn(void **) {
                 rss_before, rss_after);
   assert_int_equal(st.clients, 0);
   assert_int_equal(st.slots_in_use, 0);
-  assert_int_equal(fds_after, fds_before);
+  // A descriptor of an earlier test may still close meanwhile: none may be added.
+  assert_true(fds_after <= fds_before);
   assert_true(rss_after - rss_before < 32 * 1024);
   assert_status(CHI_OK, chi_finalize(f.rt));
 }

@@ -203,6 +203,10 @@ void ZmqListener::io_main() {
     if (items[0].revents & ZMQ_POLLIN) receive();
     send_completions();
     if (!gpu_tasks_.empty()) poll_gpu_tasks();
+    if (now_ns() >= next_sweep_ns_) {
+      sweep_sessions(-1);
+      next_sweep_ns_ = now_ns() + 1000000000;  // once a second
+    }
   }
 }
 
@@ -224,19 +228,27 @@ void ZmqListener::monitor_events() {
     zmq_msg_init(&addr);
     zmq_msg_recv(&addr, monitor_, 0);
     zmq_msg_close(&addr);
-    if (event != ZMQ_EVENT_DISCONNECTED) continue;
-    // The connection's descriptor names the session(s) it carried.  The
-    // event was queued before the descriptor could be reused, and events are
-    // read before requests in each turn, so a new session on a reused
-    // descriptor is never taken for the old one.
-    std::vector<std::string> gone;
-    {
-      std::lock_guard<std::mutex> lock(sessions_mu_);
-      for (auto &kv : sessions_)
-        if (kv.second.fd == int(value)) gone.push_back(kv.first);
-    }
-    for (const std::string &id : gone) evict(id, "connection closed");
+    if (event == ZMQ_EVENT_DISCONNECTED) sweep_sessions(int(value));
   }
+}
+
+// A disconnect event names a descriptor, and may come after a new
+// connection already reuses it (events and messages travel on different
+// pipes): a session is dropped only when its descriptor is closed or holds
+// another socket (inode) than at its hello.  A session whose socket still
+// looks open is checked again by the periodic sweep.
+void ZmqListener::sweep_sessions(int only_fd) {
+  std::vector<std::string> gone;
+  {
+    std::lock_guard<std::mutex> lock(sessions_mu_);
+    for (auto &kv : sessions_) {
+      const Session &s = kv.second;
+      if (s.fd < 0 || (only_fd >= 0 && s.fd != only_fd)) continue;
+      struct stat st;
+      if (fstat(s.fd, &st) != 0 || uint64_t(st.st_ino) != s.ino) gone.push_back(kv.first);
+    }
+  }
+  for (const std::string &id : gone) evict(id, "connection closed");
 }
 
 void ZmqListener::evict(const std::string &identity, const char *why) {
@@ -390,6 +402,8 @@ void ZmqListener::handle_hello(const std::string &identity, int fd, uint64_t id,
   Session s;
   s.id = next_session_++;
   s.fd = fd;
+  struct stat st;
+  if (fd >= 0 && fstat(fd, &st) == 0) s.ino = uint64_t(st.st_ino);
   s.tasks = tasks;
   sessions_[identity] = s;
   if (tasks) {

@@ -54,6 +54,7 @@ class ZmqListener final : public RemoteSink {
   struct Session {
     uint32_t id = 0;
     int fd = -1;
+    uint64_t ino = 0;  // the connection's socket inode: tells a reused descriptor apart
     bool tasks = false;
     uint64_t submitted = 0, finished = 0;
     uint32_t in_flight = 0;
@@ -77,6 +78,9 @@ class ZmqListener final : public RemoteSink {
   void send_completions();
   void poll_gpu_tasks();
   void monitor_events();
+  // Drops sessions whose connection is gone (descriptor closed, or reused by
+  // another connection); `only_fd` >= 0 limits the sweep to one descriptor.
+  void sweep_sessions(int only_fd);
   void evict(const std::string &identity, const char *why);
 
   Runtime &rt_;
@@ -99,6 +103,7 @@ class ZmqListener final : public RemoteSink {
   std::unordered_map<std::string, Session> sessions_;
   uint32_t next_session_ = 1;
   uint32_t max_in_flight_ = 1;
+  int64_t next_sweep_ns_ = 0;
   std::mutex done_mu_;
   std::vector<Task *> done_;  // finished CPU tasks, sent by the I/O thread
   std::vector<GpuTask> gpu_tasks_;
