@@ -34,6 +34,14 @@ extern "C" {
 
 namespace {
 
+// Sanitizers' shadow memory grows with use: RSS says nothing about leaks there
+// (their own leak checks do).
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
 std::string g_self;  // this program, for children
 std::string g_dir;   // private runtime directory
 // The transport under test ($CHI_TEST_TRANSPORT): shm (default), ipc or tcp.
@@ -472,7 +480,7 @@ void test_client_kill_loop(void **) {
   assert_true(fds_after <= fds_before);
   // Each dead session's segment is unmapped: RSS may grow by allocator
   // noise, never by a segment per kill (1024 slots of 8 KiB each).
-  assert_true(rss_after - rss_before < 32 * 1024);
+  if (!kSanitized) assert_true(rss_after - rss_before < 32 * 1024);
   // The server still serves.
   chi_runtime_t *c = connect_client(f.address);
   assert_int_equal(add(c, 5, 6), 11);
@@ -765,7 +773,7 @@ void test_churn(void **) {
   assert_int_equal(st.slots_in_use, 0);
   // A descriptor of an earlier test may still close meanwhile: none may be added.
   assert_true(fds_after <= fds_before);
-  assert_true(rss_after - rss_before < 32 * 1024);
+  if (!kSanitized) assert_true(rss_after - rss_before < 32 * 1024);
   assert_status(CHI_OK, chi_finalize(f.rt));
 }
 
@@ -1018,6 +1026,12 @@ void test_curve(void **) {
 }
 
 int child_server(const char *address) {
+  // SIGTERM is taken by sigwait: block it before any thread starts, or a
+  // worker thread would take it and die of it.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
   chi_config_t cfg;
   chi_config_init(&cfg);
   cfg.gpus = 0;
@@ -1026,10 +1040,6 @@ int child_server(const char *address) {
   if (chi_init(&cfg, &rt) != CHI_OK) return 1;
   chi_method_t m;
   chi_register_handler(rt, "test.sleep", sleep_handler, nullptr, &m);
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
   chi_server_t *srv;
   if (chi_server_start(rt, address, &srv) != CHI_OK) return 1;
   int sig;
