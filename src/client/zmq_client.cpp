@@ -16,6 +16,7 @@
 #include "ipc/curve.h"
 #include "ipc/channel.h"
 #include "ipc/frame.h"
+#include "ipc/zmq_events.h"
 
 namespace chi {
 
@@ -230,19 +231,9 @@ void ZmqClient::io_main() {
 }
 
 void ZmqClient::io_monitor() {
-  for (;;) {
-    zmq_msg_t ev, addr;
-    zmq_msg_init(&ev);
-    if (zmq_msg_recv(&ev, monitor_, ZMQ_DONTWAIT) < 0) {
-      zmq_msg_close(&ev);
-      return;
-    }
-    uint16_t event = 0;
-    if (zmq_msg_size(&ev) >= 2) std::memcpy(&event, zmq_msg_data(&ev), 2);
-    zmq_msg_close(&ev);
-    zmq_msg_init(&addr);
-    zmq_msg_recv(&addr, monitor_, 0);
-    zmq_msg_close(&addr);
+  uint16_t event;
+  uint32_t value;
+  while (ipc::next_monitor_event(monitor_, &event, &value)) {
     switch (event) {
       case ZMQ_EVENT_CONNECT_RETRIED:
         mark_gone("connection refused");

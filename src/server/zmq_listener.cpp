@@ -18,6 +18,7 @@
 #include "ipc/channel.h"
 #include "ipc/curve.h"
 #include "ipc/frame.h"
+#include "ipc/zmq_events.h"
 #include "ipc/wire.h"
 
 namespace chi {
@@ -211,23 +212,9 @@ void ZmqListener::io_main() {
 }
 
 void ZmqListener::monitor_events() {
-  for (;;) {
-    zmq_msg_t ev, addr;
-    zmq_msg_init(&ev);
-    if (zmq_msg_recv(&ev, monitor_, ZMQ_DONTWAIT) < 0) {
-      zmq_msg_close(&ev);
-      return;
-    }
-    uint16_t event = 0;
-    uint32_t value = 0;
-    if (zmq_msg_size(&ev) >= 6) {
-      std::memcpy(&event, zmq_msg_data(&ev), 2);
-      std::memcpy(&value, static_cast<char *>(zmq_msg_data(&ev)) + 2, 4);
-    }
-    zmq_msg_close(&ev);
-    zmq_msg_init(&addr);
-    zmq_msg_recv(&addr, monitor_, 0);
-    zmq_msg_close(&addr);
+  uint16_t event;
+  uint32_t value;
+  while (ipc::next_monitor_event(monitor_, &event, &value)) {
     if (event == ZMQ_EVENT_DISCONNECTED) sweep_sessions(int(value));
   }
 }
