@@ -534,7 +534,8 @@ void test_graceful_stop(void **) {
   chi_future_t running, queued;
   assert_status(CHI_OK, chi_submit(c, CHI_ROUTE_CPU, f.sleep_method, &us, sizeof us, &running));
   assert_status(CHI_OK, chi_submit(c, CHI_ROUTE_CPU, f.sleep_method, &us, sizeof us, &queued));
-  usleep(50000);
+  // Stop once the server has taken the first task (it runs for 200 ms).
+  for (int i = 0; i < 3000 && stats_of(f.rt).routes[CHI_STATS_CLIENT].in_flight == 0; ++i) usleep(1000);
   std::thread stopper([&] { assert_status(CHI_OK, chi_server_stop(f.srv, 5000)); });
   assert_status(CHI_OK, chi_wait(c, running, -1, nullptr, 0, nullptr));  // finished within the bound
   chi_status_t q = chi_wait(c, queued, -1, nullptr, 0, nullptr);

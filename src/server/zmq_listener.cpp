@@ -570,6 +570,15 @@ void ZmqListener::finish() {
     ssize_t r = write(wake_fd_, &one, sizeof one);
     (void)r;
     io_.join();
+    // Requests that arrived but were not read yet are answered, not dropped
+    // (stopping_ is set: submits get CHI_ERR_SHUTDOWN).
+    if (stopping_.load(std::memory_order_acquire)) {
+      for (auto &p : parked_)
+        handle(p.first, -1, reinterpret_cast<const uint8_t *>(p.second.data()), p.second.size());
+      parked_.clear();
+      receive();
+      send_completions();
+    }
     // Every session learns that the server is gone (then its calls answer
     // CHI_ERR_DISCONNECTED); LINGER gives the frames time to leave.
     std::vector<std::string> ids;
