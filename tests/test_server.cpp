@@ -59,7 +59,9 @@ std::string unique_name(const char *what) {
   std::string name = std::string(what) + "-" + std::to_string(getpid()) + "-" + std::to_string(++n);
   if (g_transport == "ipc") return "ipc://" + g_dir + "/" + name + ".ipc";
   // Ports from the pid, so that parallel test programs do not meet.
-  if (g_transport == "tcp") return "tcp://127.0.0.1:" + std::to_string(20000 + (getpid() % 1000) * 40 + n % 40);
+  // Below the kernel's ephemeral range (32768..), whose ports other
+  // processes' connections take at random.
+  if (g_transport == "tcp") return "tcp://127.0.0.1:" + std::to_string(20000 + (getpid() % 300) * 40 + n % 40);
   return "shm://" + name;
 }
 
@@ -91,7 +93,13 @@ ServerFixture start_server(const char *yaml = nullptr) {
   f.address = unique_name("t");
   f.rt = yaml ? chi_test_init_yaml(2, yaml) : chi_test_init(2, nullptr);
   assert_status(CHI_OK, chi_register_handler(f.rt, "test.sleep", sleep_handler, nullptr, &f.sleep_method));
-  assert_status(CHI_OK, chi_server_start(f.rt, f.address.c_str(), &f.srv));
+  // A TCP port can be taken by another program: try the next ones.
+  chi_status_t st = chi_server_start(f.rt, f.address.c_str(), &f.srv);
+  for (int k = 0; k < 8 && st != CHI_OK && g_transport == "tcp" && strstr(chi_last_error_message(), "in use"); ++k) {
+    f.address = unique_name("t");
+    st = chi_server_start(f.rt, f.address.c_str(), &f.srv);
+  }
+  assert_status(CHI_OK, st);
   return f;
 }
 
