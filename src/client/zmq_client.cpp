@@ -85,7 +85,7 @@ chi_status_t ZmqClient::open(bool control) {
   // once, from the connection); generous, so a loaded machine is not taken
   // for a dead one.
   int ivl = int(std::max<uint32_t>(cfg_.disconnect_check_ms, 10));
-  int hb_timeout = std::max(2000, 10 * ivl);
+  int hb_timeout = std::max(10000, 100 * ivl);  // 2 s was seen to expire on a 2-core machine under load
   zmq_setsockopt(dealer_, ZMQ_LINGER, &zero, sizeof zero);
   zmq_setsockopt(dealer_, ZMQ_SNDHWM, &hwm, sizeof hwm);
   zmq_setsockopt(dealer_, ZMQ_RCVHWM, &hwm, sizeof hwm);

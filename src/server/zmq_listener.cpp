@@ -107,7 +107,7 @@ chi_status_t ZmqListener::bind() {
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (!router_ || wake_fd_ < 0) return set_error(CHI_ERR_INTERNAL, "cannot make a zmq socket: %s", zmq_strerror(errno));
   // LINGER: replies and the final "gone" frames leave before the socket closes.
-  int linger = 2000, hwm = 65536, ivl = 1000, hb_timeout = 5000;
+  int linger = 2000, hwm = 65536, ivl = 1000, hb_timeout = 30000;
   zmq_setsockopt(router_, ZMQ_LINGER, &linger, sizeof linger);
   zmq_setsockopt(router_, ZMQ_SNDHWM, &hwm, sizeof hwm);
   zmq_setsockopt(router_, ZMQ_RCVHWM, &hwm, sizeof hwm);
