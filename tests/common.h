@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "chimaera.h"
@@ -78,6 +79,20 @@ static CHI_TEST_UNUSED void chi_test_clean_env(void) {
     unsetenv(name);
   }
 }
+
+/* True when the program runs as a client of a server (the *_client ctest
+ * variants set CHI_MODE=client); embedded-only cases skip with a reason. */
+static CHI_TEST_UNUSED int client_mode(void) {
+  const char *m = getenv("CHI_MODE");
+  return m && strcasecmp(m, "client") == 0;
+}
+#define SKIP_IN_CLIENT_MODE(reason)                          \
+  do {                                                       \
+    if (client_mode()) {                                     \
+      print_message("skipped in client mode: %s\n", reason); \
+      skip();                                                \
+    }                                                        \
+  } while (0)
 
 /* Runs a group; $CHI_TEST_FILTER (a cmocka pattern such as "test_nested*")
  * picks the tests to run. */

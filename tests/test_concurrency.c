@@ -10,17 +10,6 @@
 
 /* Client mode (the *_client ctest variants, tests/run_with_server.sh): a case
  * that only an embedded runtime can show skips itself, saying why. */
-static int client_mode(void) {
-  const char *m = getenv("CHI_MODE");
-  return m && strcasecmp(m, "client") == 0;
-}
-#define SKIP_IN_CLIENT_MODE(reason)                          \
-  do {                                                       \
-    if (client_mode()) {                                     \
-      print_message("skipped in client mode: %s\n", reason); \
-      skip();                                                \
-    }                                                        \
-  } while (0)
 static const char kClientSlotsReason[] =
     "queue_depth in this YAML sizes an embedded runtime; a client's slots come from the "
     "server (server.client_slots)";
