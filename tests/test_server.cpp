@@ -347,6 +347,19 @@ void test_round_trips_from_threads(void **) {
   assert_status(CHI_OK, chi_submit(c, CHI_ROUTE_CPU, local, &us, sizeof us, &fu));
   assert_status(CHI_OK, chi_wait(c, fu, -1, nullptr, 0, nullptr));
   assert_status(CHI_ERR_INVALID, chi_register_handler(c, "test.sleep", sleep_handler, nullptr, &local));
+  // Administrative requests: the reply, and the refusals.
+  char reply[4096];
+  size_t reply_size = 0;
+  assert_status(CHI_OK, chi_server_query(f.address.c_str(), "status-json", reply, sizeof reply, &reply_size));
+  assert_non_null(strstr(reply, "\"clients\":[{"));
+  assert_status(CHI_ERR_TOO_LARGE, chi_server_query(f.address.c_str(), "status", reply, 8, &reply_size));
+  assert_true(reply_size > 8);
+  assert_status(CHI_ERR_INVALID, chi_server_query(f.address.c_str(), "reboot", reply, sizeof reply, nullptr));
+  assert_has_message();
+  assert_status(CHI_ERR_DISCONNECTED, chi_server_query(unique_name("nobody").c_str(), "ping", nullptr, 0, nullptr));
+  chi_stats_t tiny;
+  tiny.struct_size = 4;
+  assert_status(CHI_ERR_INVALID, chi_stats(c, &tiny));
   // Statistics on both sides agree.
   chi_stats_t cs = stats_of(c), ss = stats_of(f.rt);
   assert_int_equal(cs.clients, 1);
