@@ -111,7 +111,8 @@ bool H2dExecutor::take_slot(uint32_t *slot) {
   if (free_.pop(slot)) return true;
   const Config &cfg = rt_.config();
   // From a handler, blocking on the queue its own GPU must drain can deadlock.
-  bool may_block = cfg.submit_blocking && !rt_.cpu().on_worker_thread() && !on_poller_thread();
+  bool may_block = cfg.submit_blocking && !rt_.cpu().on_worker_thread() && !on_poller_thread() &&
+                   !submit_never_blocks();
   if (!may_block) return false;
   return wait_until(
       [&] {

@@ -15,6 +15,13 @@
 namespace chi {
 
 namespace {
+thread_local bool t_submit_never_blocks = false;
+}  // namespace
+
+void set_submit_never_blocks(bool on) { t_submit_never_blocks = on; }
+bool submit_never_blocks() { return t_submit_never_blocks; }
+
+namespace {
 
 // Slot state word: generation (24 bits) << 8 | state (low 7 bits) | kSleeper.
 // One 32-bit word so that waiters can futex-sleep on it directly.
@@ -296,7 +303,7 @@ chi_status_t CpuExecutor::submit(chi_method_t method, const void *input, size_t 
   uint32_t index;
   // A handler never blocks for a slot: the slots it would wait for may be
   // held by tasks that only its own progress completes.
-  if (chi_status_t st = acquire_slot(&index, cfg_.submit_blocking && !worker); st != CHI_OK)
+  if (chi_status_t st = acquire_slot(&index, cfg_.submit_blocking && !worker && !submit_never_blocks()); st != CHI_OK)
     return st;
   Slot *s = slot_at(index);
   uint32_t g = (gen_of(s->state.load(std::memory_order_relaxed)) + 1) & kGenMask;

@@ -37,6 +37,14 @@ inline bool decode_future(chi_future_t f, FutureParts *p) {
   return true;
 }
 
+// Threads that must never wait for a free task slot: a server's pollers and
+// ZeroMQ I/O threads, which are themselves the ones that reap finished GPU
+// tasks (waiting there would wait for itself until submit_timeout_ms, once
+// per task).  On such a thread every executor's submit answers
+// CHI_ERR_AGAIN at once when it is full; the caller retries later.
+void set_submit_never_blocks(bool on);
+bool submit_never_blocks();
+
 // Where a task run on behalf of a client process delivers its result (a
 // server session): called once, by the thread that ran the task, with the
 // output still in the executor's slot.

@@ -170,6 +170,10 @@ chi_status_t Server::start(Runtime &rt, const std::vector<std::string> &addresse
   } catch (const std::exception &e) {
     return set_error(CHI_ERR_NOMEM, "cannot start server threads: %s", e.what());
   }
+  // Last: from here on a ZeroMQ request may call the status/stop hooks,
+  // which read the server built above.
+  for (auto &z : srv->zmq_)
+    if (chi_status_t s = z->start(); s != CHI_OK) return s;
   for (auto &l : srv->listeners_)
     log(LogLevel::kInfo, "serving shm://%s at %s (%u poller(s), %u slots per client)",
         l->ep.name.c_str(), l->ep.socket_path.c_str(), n, sc.client_slots);
@@ -178,6 +182,7 @@ chi_status_t Server::start(Runtime &rt, const std::vector<std::string> &addresse
 }
 
 void Server::poller_main(Poller *p) {
+  set_submit_never_blocks(true);  // this thread reaps the GPU tasks it queues
   std::vector<Session *> snap;
   size_t turn = 0;
   // Below 4 CPUs a spinning poller takes the CPU from the worker and the

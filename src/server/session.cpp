@@ -137,17 +137,29 @@ unsigned Session::poll(Runtime &rt, unsigned budget, uint32_t max_in_flight, boo
                          : input_size > seg_.layout.max_payload ? CHI_ERR_TOO_LARGE
                          : !m                                     ? CHI_ERR_NOT_FOUND
                                                                   : CHI_OK;
+    Executor *exec = nullptr;
+    uint32_t eslot = 0, egen = 0;
     if (early == CHI_OK && cpu) {
       // One copy of the input, out of the segment into the executor's slot.
       early = rt.cpu().submit_remote(method, seg_.input(slot), input_size, this,
                                      (uint64_t(slot) << 32) | gen);
-      if (early == CHI_ERR_AGAIN) {
-        // Every server slot is busy: the task stays queued in the ring and
-        // the other sessions get their turn.
-        busy_[slot].store(0, std::memory_order_relaxed);
-        in_flight_.fetch_sub(1, std::memory_order_relaxed);
-        break;
+    } else if (early == CHI_OK) {
+      uint32_t pool = 0;
+      early = rt.route_executor(route, &exec, &pool);
+      if (early == CHI_OK) {
+        // Never blocks here (set_submit_never_blocks): a full GPU queue
+        // answers AGAIN; finished GPU tasks of this session free slots.
+        early = exec->submit(method, seg_.input(slot), input_size, &eslot, &egen);
+        if (early == CHI_ERR_AGAIN && poll_gpu_reaped())
+          early = exec->submit(method, seg_.input(slot), input_size, &eslot, &egen);
       }
+    }
+    if (early == CHI_ERR_AGAIN) {
+      // Every slot of the executor is busy: the task stays queued in the
+      // ring and the other sessions get their turn.
+      busy_[slot].store(0, std::memory_order_relaxed);
+      in_flight_.fetch_sub(1, std::memory_order_relaxed);
+      break;
     }
     // Taken: hand the cell back to the client's producers.
     cell.seq.store(head_ + n, std::memory_order_release);
@@ -159,22 +171,15 @@ unsigned Session::poll(Runtime &rt, unsigned budget, uint32_t max_in_flight, boo
       fail_task(slot, gen, early);
       continue;
     }
-    if (cpu) continue;
-    Executor *exec = nullptr;
-    uint32_t pool = 0;
-    if (chi_status_t rs = rt.route_executor(route, &exec, &pool); rs != CHI_OK) {
-      fail_task(slot, gen, rs);
-      continue;
-    }
-    uint32_t eslot, egen;
-    chi_status_t s = exec->submit(method, seg_.input(slot), input_size, &eslot, &egen);
-    if (s != CHI_OK) {
-      fail_task(slot, gen, s);
-      continue;
-    }
-    gpu_tasks_.push_back(GpuTask{slot, gen, exec, eslot, egen});
+    if (!cpu) gpu_tasks_.push_back(GpuTask{slot, gen, exec, eslot, egen});
   }
   return taken;
+}
+
+bool Session::poll_gpu_reaped() {
+  const size_t before = gpu_tasks_.size();
+  poll_gpu();
+  return gpu_tasks_.size() < before;
 }
 
 bool Session::poll_gpu() {

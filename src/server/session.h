@@ -36,6 +36,8 @@ class Session final : public RemoteSink {
   unsigned poll(Runtime &rt, unsigned budget, uint32_t max_in_flight, bool refuse);
   // Poller: collects finished GPU tasks; true while some are still pending.
   bool poll_gpu();
+  // poll_gpu(), and whether it collected any (freeing executor slots).
+  bool poll_gpu_reaped();
   bool ring_ready() const;
   void arm_doorbell(bool on) {
     seg_.header()->doorbell_armed.store(on ? 1 : 0, std::memory_order_relaxed);

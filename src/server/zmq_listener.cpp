@@ -134,6 +134,10 @@ chi_status_t ZmqListener::bind() {
   umask(old);
   if (r != 0) return set_error(CHI_ERR_INVALID, "cannot listen on %s: %s", address_.c_str(), zmq_strerror(errno));
   if (!tcp) chmod(address_.c_str() + 6, 0600);
+  return CHI_OK;
+}
+
+chi_status_t ZmqListener::start() {
   try {
     io_ = std::thread(&ZmqListener::io_main, this);
     if (curve_) zap_thread_ = std::thread(&ZmqListener::zap_main, this);
@@ -181,6 +185,7 @@ void ZmqListener::zap_main() {
 }
 
 void ZmqListener::io_main() {
+  set_submit_never_blocks(true);  // this thread reaps the GPU tasks it queues
   zmq_pollitem_t items[3] = {{router_, 0, ZMQ_POLLIN, 0}, {nullptr, wake_fd_, ZMQ_POLLIN, 0},
                              {monitor_, 0, ZMQ_POLLIN, 0}};
   while (!quit_.load(std::memory_order_acquire)) {
@@ -479,6 +484,17 @@ bool ZmqListener::handle_submit(Session &s, const std::string &identity, uint64_
     uint32_t pool, slot, gen;
     chi_status_t st = rt_.route_executor(route, &exec, &pool);
     if (st == CHI_OK) st = exec->submit(method, p, n, &slot, &gen);
+    if (st == CHI_ERR_AGAIN) {
+      // A full GPU queue: collect finished GPU tasks (they free its slots)
+      // and try once more, else park the frame like a full CPU pool.
+      const size_t before = gpu_tasks_.size();
+      poll_gpu_tasks();
+      if (gpu_tasks_.size() < before) st = exec->submit(method, p, n, &slot, &gen);
+      if (st == CHI_ERR_AGAIN) {
+        delete t;
+        return false;
+      }
+    }
     if (st != CHI_OK) {
       delete t;
       return fail(st);

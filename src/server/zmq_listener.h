@@ -33,6 +33,9 @@ class ZmqListener final : public RemoteSink {
   static chi_status_t open(Runtime &rt, const std::string &address, Hooks hooks,
                            std::unique_ptr<ZmqListener> *out);
   ~ZmqListener();
+  // Starts the I/O (and ZAP) threads.  Separate from open() so that the
+  // server is fully built before a request can reach its hooks.
+  chi_status_t start();
 
   // New submissions answer CHI_ERR_SHUTDOWN from now on.
   void begin_stop() { stopping_.store(true, std::memory_order_release); }
