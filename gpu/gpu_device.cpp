@@ -409,6 +409,16 @@ chi_status_t GpuDevice::pause() {
   return pause_locked();
 }
 
+chi_status_t GpuDevice::pause_if_running(bool *was_running) {
+  std::lock_guard<std::mutex> lock(mu_);
+  *was_running = false;
+  if (shut_) return set_error(CHI_ERR_SHUTDOWN, "GPU %d: runtime is shutting down", id_);
+  if (!running_) return CHI_OK;
+  if (chi_status_t s = pause_locked(); s != CHI_OK) return s;
+  *was_running = true;
+  return CHI_OK;
+}
+
 chi_status_t GpuDevice::resume() {
   std::lock_guard<std::mutex> lock(mu_);
   if (shut_) return set_error(CHI_ERR_SHUTDOWN, "GPU %d: runtime is shutting down", id_);

@@ -51,6 +51,9 @@ class GpuDevice {
   void context(chi_dev_context_t *ctx) const;
   chi_status_t pause();
   chi_status_t resume();
+  // pause(), and whether the orchestrator was running before.
+  chi_status_t pause_if_running(bool *was_running);
+  int32_t id() const { return id_; }
   // Pauses, installs the method-id -> dispatch-index table, relaunches with `launch`.
   chi_status_t set_orchestrator(chi_gpu_launch_fn launch, const std::vector<int32_t> &dispatch);
   chi_status_t check_pointer(const void *ptr, size_t size);

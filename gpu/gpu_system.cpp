@@ -49,6 +49,20 @@ class DeviceGpuSystem final : public GpuSystem {
     return each(gpu, [](GpuDevice &d) { return d.resume(); });
   }
 
+  chi_status_t pause_running(std::vector<int32_t> *paused) override {
+    paused->clear();
+    for (auto &d : devs_) {
+      bool was = false;
+      if (chi_status_t s = d->pause_if_running(&was); s != CHI_OK) {
+        for (int32_t g : *paused) (void)devs_[g]->resume();
+        paused->clear();
+        return s;
+      }
+      if (was) paused->push_back(d->id());
+    }
+    return CHI_OK;
+  }
+
   chi_status_t set_orchestrator(int32_t gpu, const chi_gpu_orchestrator_t *orch) override {
     if (!orch || !orch->launch) return set_error(CHI_ERR_INVALID, "orchestrator launch function is NULL");
     if (orch->method_count && !orch->method_names)

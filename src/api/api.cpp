@@ -349,32 +349,54 @@ CHI_API chi_status_t chi_release(chi_runtime_t *rt, chi_future_t future) {
   });
 }
 
+namespace {
+
+// chi_load_module with the GPUs paused.
+chi_status_t load_module_paused(chi_runtime_t *rt, chi::Runtime *e, const char *path) {
+  void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!handle) {
+    const char *why = dlerror();
+    return set_error(CHI_ERR_NOT_FOUND, "cannot load module '%s': %s", path, why ? why : "?");
+  }
+  auto init = reinterpret_cast<chi_module_init_t>(dlsym(handle, "chimaera_module_init"));
+  if (!init) {
+    dlclose(handle);
+    return set_error(CHI_ERR_NOT_FOUND, "module '%s' exports no chimaera_module_init", path);
+  }
+  {
+    std::lock_guard<std::mutex> lock(e->modules_mutex());
+    e->modules().push_back(handle);
+  }
+  // The module stays loaded even if its init fails: it may have registered
+  // handlers before failing, and those must stay callable.
+  chi_status_t s = init(rt, CHI_VERSION_NUMBER);
+  if (s != CHI_OK)
+    return set_error(s, "module '%s': chimaera_module_init returned %d (%s)", path, s,
+                     chi_status_string(s));
+  return CHI_OK;
+}
+
+}  // namespace
+
 CHI_API chi_status_t chi_load_module(chi_runtime_t *rt, const char *path) {
   return guarded([&]() -> chi_status_t {
     CHI_HANDLE(rt);
     CHI_NONNULL(path);
     chi::Runtime *e;
     if (chi_status_t s = local_engine(rt, true, &e); s != CHI_OK) return s;
-    void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!handle) {
-      const char *why = dlerror();
-      return set_error(CHI_ERR_NOT_FOUND, "cannot load module '%s': %s", path, why ? why : "?");
-    }
-    auto init = reinterpret_cast<chi_module_init_t>(dlsym(handle, "chimaera_module_init"));
-    if (!init) {
-      dlclose(handle);
-      return set_error(CHI_ERR_NOT_FOUND, "module '%s' exports no chimaera_module_init", path);
-    }
-    {
-      std::lock_guard<std::mutex> lock(e->modules_mutex());
-      e->modules().push_back(handle);
-    }
-    // The module stays loaded even if its init fails: it may have registered
-    // handlers before failing, and those must stay callable.
-    chi_status_t s = init(rt, CHI_VERSION_NUMBER);
-    if (s != CHI_OK)
-      return set_error(s, "module '%s': chimaera_module_init returned %d (%s)", path, s,
-                       chi_status_string(s));
+    // A module may bring device code: the first CUDA call after its dlopen
+    // loads that code, which waits for every running kernel.  The
+    // orchestrators pause for the load and init (their queues keep what is
+    // submitted meanwhile) and resume after, with the module's orchestrator
+    // if its init set one.
+    std::vector<int32_t> paused;
+    if (e->gpu())
+      if (chi_status_t s = e->gpu()->pause_running(&paused); s != CHI_OK) return s;
+    chi_status_t s = load_module_paused(rt, e, path);
+    const std::string why = s == CHI_OK ? std::string() : chi::last_error();
+    for (int32_t g : paused)
+      if (chi_status_t r = e->gpu()->resume(g); r != CHI_OK && s == CHI_OK) return r;
+    if (s != CHI_OK) return set_error(s, "%s", why.c_str());
     return CHI_OK;
   });
 }

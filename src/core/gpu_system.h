@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "chimaera.h"
 #include "config/config.h"
@@ -24,6 +25,11 @@ class GpuSystem {
   virtual chi_status_t pause(int32_t gpu) = 0;
   virtual chi_status_t resume(int32_t gpu) = 0;
   virtual chi_status_t set_orchestrator(int32_t gpu, const chi_gpu_orchestrator_t *orch) = 0;
+  // Pauses every orchestrator that runs and names those in *paused (for
+  // resume), so that new device code can load: with a kernel running, the
+  // first CUDA call after dlopen of a library with device code waits for it
+  // (the library's module load), i.e. forever for a persistent kernel.
+  virtual chi_status_t pause_running(std::vector<int32_t> *paused) = 0;
   // CHI_OK when [ptr, ptr + size) is device memory of GPU `gpu`, else CHI_ERR_INVALID.
   virtual chi_status_t check_device_pointer(int32_t gpu, const void *ptr, size_t size) = 0;
   // The region table changed (Runtime::regions); make device code see the new one.
