@@ -26,11 +26,12 @@ struct GpuConfig {
 
 struct ServerConfig {
   std::vector<std::string> listen;   // addresses to serve; empty: this user's default server
-  uint32_t pollers = 0;              // threads polling client rings; 0: 1 per 8 CPUs (1..4), 1..64
+  uint32_t pollers = 0;              // threads polling client rings; 0: 1 per 4 CPUs (1..8), 1..64
   uint32_t client_slots = 1024;      // task slots (= ring depth) per client, power of two, 2..1<<16
   uint32_t max_clients = 1024;       // client sessions at once, 1..65536
   uint32_t client_max_in_flight = 0; // server task slots one client may hold; 0: queue_depth / 4, at most 1024
   int64_t spin_ns = 50000;           // an idle poller spins this long, then sleeps, 0..1e10
+  bool inline_builtins = true;       // built-in methods (CPU route) run on the poller that took them
   uint32_t shutdown_timeout_ms = 5000;  // stop: how long running client tasks may finish, 0..3600000
   std::string curve_key_file;           // tcp:// CURVE: the server's secret key (z85), mode 0600
   std::string curve_allowed_keys_file;  // tcp:// CURVE: client public keys (z85), one per line

@@ -87,6 +87,9 @@ chi_status_t run_cpu_handler(const Registry &reg, chi_method_t method, chi_route
 
 // The built-in methods' CPU handlers (chi.echo, chi.add, chi.checksum).
 void register_builtins(Registry &reg);
+// chi.echo, chi.add, chi.checksum: bounded work (one pass over at most
+// max_inline_payload bytes), so a server may run them on its I/O threads.
+inline bool is_builtin_method(chi_method_t m) { return m >= CHI_METHOD_ECHO && m <= CHI_METHOD_CHECKSUM; }
 
 // 64-bit FNV-1a, the chi.checksum function (the GPU side computes the same).
 uint64_t fnv1a64(const void *data, size_t size);

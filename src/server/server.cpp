@@ -152,7 +152,7 @@ chi_status_t Server::start(Runtime &rt, const std::vector<std::string> &addresse
   ev.data.ptr = &srv->wake_fd_;
   epoll_ctl(srv->epoll_fd_, EPOLL_CTL_ADD, srv->wake_fd_, &ev);
   unsigned n = sc.pollers;
-  if (n == 0) n = std::clamp(std::thread::hardware_concurrency() / 8, 1u, 4u);
+  if (n == 0) n = std::clamp(std::thread::hardware_concurrency() / 4, 1u, 8u);
   for (unsigned i = 0; i < n; ++i) {
     auto p = std::make_unique<Poller>();
     p->epfd = epoll_create1(EPOLL_CLOEXEC);

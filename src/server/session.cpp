@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "api/error.h"
 #include "core/futex.h"
@@ -98,6 +99,11 @@ void Session::fail_task(uint32_t slot, uint32_t gen, chi_status_t status) {
 unsigned Session::poll(Runtime &rt, unsigned budget, uint32_t max_in_flight, bool refuse) {
   const uint32_t n = seg_.layout.nslots, mask = n - 1;
   unsigned taken = 0;
+  const bool inline_builtins = rt.config().server.inline_builtins;
+  // The input of a task run here, out of the client's reach (one per poller thread).
+  thread_local std::vector<unsigned char> t_scratch;
+  if (t_scratch.size() < seg_.layout.max_payload) t_scratch.resize(seg_.layout.max_payload);
+  unsigned char *const scratch = t_scratch.data();
   char why[160];
   while (taken < budget && !dead()) {
     ipc::RingCell &cell = seg_.ring()[head_ & mask];
@@ -137,6 +143,23 @@ unsigned Session::poll(Runtime &rt, unsigned budget, uint32_t max_in_flight, boo
                          : input_size > seg_.layout.max_payload ? CHI_ERR_TOO_LARGE
                          : !m                                     ? CHI_ERR_NOT_FOUND
                                                                   : CHI_OK;
+    if (early == CHI_OK && cpu && inline_builtins && is_builtin_method(method)) {
+      // Run to completion here: no hand-off to a worker and back.  The input
+      // is copied out of the segment first (the client may rewrite it); the
+      // output goes straight into the client's slot, which the client reads
+      // only after the state says done.
+      std::memcpy(scratch, seg_.input(slot), input_size);
+      cell.seq.store(head_ + n, std::memory_order_release);
+      ++head_;
+      ++taken;
+      submitted_.fetch_add(1, std::memory_order_relaxed);
+      if (stats) stats->submitted();
+      size_t out_size = 0;
+      const chi_status_t st = run_cpu_handler(rt.registry(), method, CHI_ROUTE_CPU, scratch, input_size,
+                                              seg_.output(slot), seg_.layout.max_payload, &out_size);
+      finish(slot, gen, st, seg_.output(slot), out_size);
+      continue;
+    }
     Executor *exec = nullptr;
     uint32_t eslot = 0, egen = 0;
     if (early == CHI_OK && cpu) {

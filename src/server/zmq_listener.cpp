@@ -468,8 +468,24 @@ bool ZmqListener::handle_submit(Session &s, const std::string &identity, uint64_
   if (stopping_.load(std::memory_order_acquire)) return fail(CHI_ERR_SHUTDOWN);
   if (n > rt_.config().max_inline_payload) return fail(CHI_ERR_TOO_LARGE);
   if (!rt_.registry().get(method)) return fail(CHI_ERR_NOT_FOUND);
+  const bool cpu = route == CHI_ROUTE_CPU || route == CHI_ROUTE_LOCAL;
+  if (cpu && rt_.config().server.inline_builtins && is_builtin_method(method)) {
+    // Run to completion on this thread: the reply goes out without a
+    // worker hand-off and an eventfd wake-up of this thread.
+    const int64_t t0 = now_ns();
+    if (inline_out_.size() < rt_.config().max_inline_payload) inline_out_.resize(rt_.config().max_inline_payload);
+    size_t out_size = 0;
+    const chi_status_t st = run_cpu_handler(rt_.registry(), method, CHI_ROUTE_CPU, p, n, inline_out_.data(),
+                                            inline_out_.size(), &out_size);
+    ++s.submitted;
+    ++s.finished;
+    rt_.stats(CHI_STATS_CLIENT).submitted();
+    reply(identity, int(ipc::Kind::kResult), id, st, inline_out_.data(), out_size);
+    rt_.stats(CHI_STATS_CLIENT).finished(st, now_ns() - t0);
+    return true;
+  }
   auto *t = new Task{identity, id, now_ns(), CHI_OK, {}};
-  if (route == CHI_ROUTE_CPU || route == CHI_ROUTE_LOCAL) {
+  if (cpu) {
     chi_status_t st = rt_.cpu().submit_remote(method, p, n, this, reinterpret_cast<uint64_t>(t));
     if (st == CHI_ERR_AGAIN) {
       delete t;

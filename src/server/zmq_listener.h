@@ -108,6 +108,7 @@ class ZmqListener final : public RemoteSink {
   uint32_t max_in_flight_ = 1;
   int64_t next_sweep_ns_ = 0;
   std::mutex done_mu_;
+  std::vector<unsigned char> inline_out_;  // output of a built-in run on the I/O thread
   std::vector<Task *> done_;  // finished CPU tasks, sent by the I/O thread
   std::vector<GpuTask> gpu_tasks_;
   std::deque<std::pair<std::string, std::string>> parked_;  // identity, frame
