@@ -97,9 +97,6 @@ chi_status_t ZmqListener::bind() {
   }
   ctx_ = zmq_ctx_new();
   if (!ctx_) return set_error(CHI_ERR_NOMEM, "zmq_ctx_new failed");
-  // Client connections spread over libzmq's I/O threads (one per 8 CPUs,
-  // 1..4); this listener's own thread still runs every request.
-  zmq_ctx_set(ctx_, ZMQ_IO_THREADS, int(std::clamp(std::thread::hardware_concurrency() / 8, 1u, 4u)));
   if (curve_) {
     // The ZAP handler must be bound before the CURVE socket takes a client.
     zap_ = zmq_socket(ctx_, ZMQ_REP);
