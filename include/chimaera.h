@@ -260,8 +260,12 @@ CHI_API chi_status_t chi_release(chi_runtime_t *rt, chi_future_t future);
 /* Loads a shared object and calls its exported
  *   chi_status_t chimaera_module_init(chi_runtime_t *rt, uint32_t chi_version);
  * which registers its handlers.  The object stays loaded until chi_finalize.
+ * While it loads and its init runs, the GPU orchestrators that run are paused
+ * (a module's device code cannot load beside a running persistent kernel):
+ * GPU tasks submitted meanwhile wait in their queues and run after.
  * Returns CHI_OK, CHI_ERR_INVALID (NULL argument), CHI_ERR_NOT_FOUND (cannot
- * open, or no chimaera_module_init), or the status the init function returned.
+ * open, or no chimaera_module_init), CHI_ERR_INTERNAL (an orchestrator could
+ * not be paused or resumed), or the status the init function returned.
  * Thread safety: safe. */
 CHI_API chi_status_t chi_load_module(chi_runtime_t *rt, const char *path);
 

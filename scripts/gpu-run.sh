@@ -75,7 +75,9 @@ if has test; then
   done
   if enough 20 "the other GPU tests (examples)"; then
     s0=$(date +%s)
-    (cd "$BUILD" && timeout "$(bound 60)" ctest -L gpu -E '^(test_gpu|test_gpu_orchestrator|gpu_timing)$' \
+    # test_gpu_coexist needs the leased orchestrator (gpu.lease_us > 0),
+    # which still hangs under load: scripts/gpu-lease.sh runs it, bounded.
+    (cd "$BUILD" && timeout "$(bound 60)" ctest -L gpu -E '^(test_gpu|test_gpu_orchestrator|gpu_timing|test_gpu_coexist)$' \
        --timeout 30 --output-on-failure) >>"$OUT/ctest.log" 2>&1
     note "ctest, other GPU tests ($(( $(date +%s) - s0 )) s):"
     grep -E "tests passed|tests failed|\*\*\*Failed|\*\*\*Timeout|Not Run|Exception|SegFault" "$OUT/ctest.log" | tail -n 8 | tee -a "$SUMMARY"
