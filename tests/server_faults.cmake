@@ -11,5 +11,10 @@ foreach(transport ipc tcp)
     ENVIRONMENT "CHI_TEST_TRANSPORT=${transport}")
 endforeach()
 
+# Built-in methods on the server's workers instead of its pollers.
+add_test(NAME test_server_workers COMMAND test_server)
+set_tests_properties(test_server_workers PROPERTIES TIMEOUT 300 LABELS server
+  ENVIRONMENT "CHI_SERVER_INLINE_BUILTINS=false")
+
 # Another Unix user cannot reach a server (root only: skipped otherwise).
 chi_add_test(test_access SOURCES test_access.c TIMEOUT 120 LABELS server)

@@ -323,6 +323,15 @@ void test_round_trips_from_threads(void **) {
   assert_int_equal(n, 4096);
   assert_status(CHI_OK, chi_wait(c, fu, -1, back.data(), back.size(), &n));
   assert_memory_equal(big.data(), back.data(), 4096);
+  // A handler's own status comes back as it is (chi.add wants 16 bytes),
+  // and chi.checksum's FNV-1a, with built-ins on the poller or on a worker.
+  uint64_t sum = 0;
+  assert_status(CHI_OK, chi_submit(c, CHI_ROUTE_CPU, CHI_METHOD_ADD, "abc", 3, &fu));
+  assert_status(CHI_ERR_INVALID, chi_wait(c, fu, -1, &sum, sizeof sum, &n));
+  assert_status(CHI_OK, chi_submit(c, CHI_ROUTE_LOCAL, CHI_METHOD_CHECKSUM, "abc", 3, &fu));
+  assert_status(CHI_OK, chi_wait(c, fu, -1, &sum, sizeof sum, &n));
+  assert_int_equal(n, 8);
+  assert_true(sum == 0xe71fa2190541574bull);  // little-endian host
   std::vector<uint8_t> huge(4097);
   assert_status(CHI_ERR_TOO_LARGE, chi_submit(c, CHI_ROUTE_CPU, CHI_METHOD_ECHO, huge.data(), huge.size(), &fu));
   // Futures: stale, forged, released.
