@@ -240,6 +240,12 @@ void ZmqClient::io_monitor() {
         break;
       case ZMQ_EVENT_DISCONNECTED:
       case ZMQ_EVENT_CLOSED:
+        // Events and messages travel on different pipes: a result the
+        // server sent before it closed can still sit unread behind this
+        // event (seen: a graceful stop's running task answered
+        // DISCONNECTED).  Read those first; the receive also processes the
+        // socket's pending commands, which make them visible.
+        io_receive();
         if (!quit_.load(std::memory_order_acquire)) mark_gone("connection lost");
         break;
       case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
@@ -307,6 +313,9 @@ void ZmqClient::io_receive() {
     if (f.kind == ipc::Kind::kGone) {
       zmq_msg_close(&msg);
       mark_gone("the server stopped");
+      // Gone is the server's last frame: closing the connection now tells
+      // a stopping server that everything before it arrived.
+      zmq_disconnect(dealer_, address_.c_str());
       return;
     }
     if ((f.kind == ipc::Kind::kWelcome || f.kind == ipc::Kind::kControlReply) && (f.id & kControlBit)) {

@@ -595,6 +595,11 @@ std::vector<ZmqListener::Row> ZmqListener::rows() {
   return out;
 }
 
+namespace {
+// Stop: how long the listener waits for clients to close after their Gone frame.
+constexpr int kGoneDrainMs = 1000;
+}  // namespace
+
 void ZmqListener::finish() {
   if (io_.joinable()) {
     quit_.store(true, std::memory_order_release);
@@ -619,6 +624,25 @@ void ZmqListener::finish() {
       for (auto &kv : sessions_) ids.push_back(kv.first);
     }
     for (const std::string &id : ids) reply(id, int(ipc::Kind::kGone), 0, CHI_ERR_DISCONNECTED, nullptr, 0);
+    // Closing the ROUTER right away was seen to lose the frames still queued
+    // for a live peer (a running task's result, then Gone), LINGER
+    // notwithstanding.  A client closes its connection when it reads Gone:
+    // wait for that, a bounded time, before closing.
+    const int64_t until = now_ns() + int64_t(kGoneDrainMs) * 1000000;
+    for (;;) {
+      sweep_sessions(-1);
+      {
+        std::lock_guard<std::mutex> lock(sessions_mu_);
+        if (sessions_.empty()) break;
+      }
+      if (now_ns() >= until) {
+        log(LogLevel::kInfo, "%s: stop: some clients did not close within %d ms", address_.c_str(), kGoneDrainMs);
+        break;
+      }
+      zmq_pollitem_t item = {monitor_, 0, ZMQ_POLLIN, 0};
+      zmq_poll(&item, 1, 5);
+      if (item.revents & ZMQ_POLLIN) monitor_events();
+    }
   }
   if (zap_thread_.joinable()) {
     quit_.store(true, std::memory_order_release);
