@@ -278,7 +278,9 @@ void ZmqClient::io_send_queued() {
       backlog_.push_back(std::move(frame));  // bounded: at most one frame per slot
   };
   if (!ctl.empty()) send_or_keep(std::move(ctl));
-  std::string frame;
+  // The submits queued since the last turn leave as batches: one message
+  // part of up to kBatchBytes per batch (libzmq's cost is per message).
+  std::string batch;
   for (uint32_t i : slots) {
     Slot &s = slots_[i];
     ipc::Frame f;
@@ -288,10 +290,13 @@ void ZmqClient::io_send_queued() {
     f.route = s.route;
     f.payload = s.data.data();
     f.size = uint32_t(s.data.size());
-    ipc::encode_frame(f, &frame);
-    send_or_keep(std::move(frame));
-    frame.clear();
+    ipc::append_frame(f, &batch);
+    if (batch.size() >= ipc::kBatchBytes) {
+      send_or_keep(std::move(batch));
+      batch.clear();
+    }
   }
+  if (!batch.empty()) send_or_keep(std::move(batch));
 }
 
 void ZmqClient::io_receive() {
@@ -302,51 +307,65 @@ void ZmqClient::io_receive() {
       zmq_msg_close(&msg);
       return;
     }
-    ipc::Frame f;
-    std::string why;
-    if (ipc::decode_frame(zmq_msg_data(&msg), zmq_msg_size(&msg), &f, &why) != CHI_OK) {
-      log(LogLevel::kWarn, "%s sent a malformed frame (%s): session closed", address_.c_str(), why.c_str());
-      zmq_msg_close(&msg);
-      mark_gone("the server sent a malformed frame");
-      return;
-    }
-    if (f.kind == ipc::Kind::kGone) {
-      zmq_msg_close(&msg);
-      mark_gone("the server stopped");
-      // Gone is the server's last frame: closing the connection now tells
-      // a stopping server that everything before it arrived.
-      zmq_disconnect(dealer_, address_.c_str());
-      return;
-    }
-    if ((f.kind == ipc::Kind::kWelcome || f.kind == ipc::Kind::kControlReply) && (f.id & kControlBit)) {
-      {
-        std::lock_guard<std::mutex> lock(reply_mu_);
-        if (f.id == ctl_.id && !ctl_.done) {
-          ctl_.done = true;
-          ctl_.status = f.status;
-          ctl_.payload.assign(reinterpret_cast<const char *>(f.payload), f.size);
-        }
+    const uint8_t *data = static_cast<const uint8_t *>(zmq_msg_data(&msg));
+    const size_t size = zmq_msg_size(&msg);
+    bool go_on = true;
+    size_t off = 0;
+    do {  // an empty part is malformed too
+      ipc::Frame f;
+      std::string why;
+      size_t used = 0;
+      if (ipc::decode_next_frame(data + off, size - off, &f, &used, &why) != CHI_OK) {
+        log(LogLevel::kWarn, "%s sent a malformed frame (%s): session closed", address_.c_str(), why.c_str());
+        mark_gone("the server sent a malformed frame");
+        go_on = false;
+        break;
       }
-      reply_cv_.notify_all();
-    } else if (f.kind == ipc::Kind::kResult && !(f.id & kControlBit)) {
-      uint32_t i = uint32_t(f.id), gen = uint32_t(f.id >> 32);
-      if (i < nslots_.load(std::memory_order_acquire) && f.size <= max_payload_) {
-        Slot &s = slots_[i];
-        uint32_t w = s.word.load(std::memory_order_acquire);
-        if (gen_of(w) == gen && (st_of(w) == kPending || st_of(w) == kOrphan)) {
-          if (st_of(w) == kOrphan) {
-            free_slot(i);  // released before its result came
-          } else {
-            s.data.assign(f.payload, f.payload + f.size);
-            s.status = f.status;
-            uint32_t old = s.word.exchange(word(gen, kDone), std::memory_order_acq_rel);
-            if (old & kSleeper) futex_wake(&s.word);
-          }
-        }
-      }
-    }
+      off += used;
+      go_on = io_frame(f);
+    } while (go_on && off < size);
     zmq_msg_close(&msg);
+    if (!go_on) return;
   }
+}
+
+// One frame from the server; false when the session ends with it.
+bool ZmqClient::io_frame(const ipc::Frame &f) {
+  if (f.kind == ipc::Kind::kGone) {
+    mark_gone("the server stopped");
+    // Gone is the server's last frame: closing the connection now tells
+    // a stopping server that everything before it arrived.
+    zmq_disconnect(dealer_, address_.c_str());
+    return false;
+  }
+  if ((f.kind == ipc::Kind::kWelcome || f.kind == ipc::Kind::kControlReply) && (f.id & kControlBit)) {
+    {
+      std::lock_guard<std::mutex> lock(reply_mu_);
+      if (f.id == ctl_.id && !ctl_.done) {
+        ctl_.done = true;
+        ctl_.status = f.status;
+        ctl_.payload.assign(reinterpret_cast<const char *>(f.payload), f.size);
+      }
+    }
+    reply_cv_.notify_all();
+  } else if (f.kind == ipc::Kind::kResult && !(f.id & kControlBit)) {
+    uint32_t i = uint32_t(f.id), gen = uint32_t(f.id >> 32);
+    if (i < nslots_.load(std::memory_order_acquire) && f.size <= max_payload_) {
+      Slot &s = slots_[i];
+      uint32_t w = s.word.load(std::memory_order_acquire);
+      if (gen_of(w) == gen && (st_of(w) == kPending || st_of(w) == kOrphan)) {
+        if (st_of(w) == kOrphan) {
+          free_slot(i);  // released before its result came
+        } else {
+          s.data.assign(f.payload, f.payload + f.size);
+          s.status = f.status;
+          uint32_t old = s.word.exchange(word(gen, kDone), std::memory_order_acq_rel);
+          if (old & kSleeper) futex_wake(&s.word);
+        }
+      }
+    }
+  }
+  return true;
 }
 
 chi_status_t ZmqClient::control(ipc::Op op, uint16_t flags, const void *payload, uint32_t length, void *reply,

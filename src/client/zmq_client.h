@@ -14,6 +14,7 @@
 
 #include "client/client.h"
 #include "client/slot_pool.h"
+#include "ipc/frame.h"
 
 namespace chi {
 
@@ -52,6 +53,7 @@ class ZmqClient final : public Client {
   void io_main();
   void io_send_queued();
   void io_receive();
+  bool io_frame(const ipc::Frame &f);
   void io_monitor();
   void mark_gone(const char *why);
   void wake_io();

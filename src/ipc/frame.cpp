@@ -41,7 +41,24 @@ void encode_frame(const Frame &f, std::string *out) {
   encode_frame(f, reinterpret_cast<uint8_t *>(out->data()));
 }
 
+void append_frame(const Frame &f, std::string *out) {
+  const size_t at = out->size();
+  out->resize(at + kFrameHeader + f.size);
+  encode_frame(f, reinterpret_cast<uint8_t *>(out->data()) + at);
+}
+
 chi_status_t decode_frame(const void *data, size_t length, Frame *f, std::string *why) {
+  size_t used = 0;
+  if (chi_status_t s = decode_next_frame(data, length, f, &used, why); s != CHI_OK) return s;
+  if (used != length) {
+    *why = "frame says " + std::to_string(f->size) + " payload bytes but carries " +
+           std::to_string(length - kFrameHeader);
+    return CHI_ERR_PROTOCOL;
+  }
+  return CHI_OK;
+}
+
+chi_status_t decode_next_frame(const void *data, size_t length, Frame *f, size_t *used, std::string *why) {
   const uint8_t *p = static_cast<const uint8_t *>(data);
   if (length < kFrameHeader) {
     *why = "frame of " + std::to_string(length) + " bytes is shorter than its header";
@@ -62,11 +79,12 @@ chi_status_t decode_frame(const void *data, size_t length, Frame *f, std::string
     return CHI_ERR_PROTOCOL;
   }
   uint32_t size = get32(p + 28);
-  if (size > kMaxFramePayload || size != length - kFrameHeader) {
+  if (size > kMaxFramePayload || size > length - kFrameHeader) {
     *why = "frame says " + std::to_string(size) + " payload bytes but carries " +
            std::to_string(length - kFrameHeader);
     return CHI_ERR_PROTOCOL;
   }
+  *used = kFrameHeader + size;
   f->kind = Kind(kind);
   f->id = get64(p + 8);
   f->method = get32(p + 16);

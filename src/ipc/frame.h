@@ -1,5 +1,6 @@
-// The ZeroMQ wire format (ipc:// and tcp://): every request and reply is one
-// message part, a fixed 32-byte little-endian header and a payload.  Clients
+// The ZeroMQ wire format (ipc:// and tcp://): every request and reply is a
+// frame, a fixed 32-byte little-endian header and a payload; a message part
+// carries one frame or several back to back.  Clients
 // may run on other hosts, so the byte order is fixed.  docs/protocol.md
 // describes it; decode_frame is the only code that reads a peer's bytes.
 #pragma once
@@ -55,5 +56,15 @@ void encode_frame(const Frame &f, uint8_t *out);
 // a known kind, size == length - header, size <= kMaxFramePayload.
 // Returns CHI_OK or CHI_ERR_PROTOCOL with *why set.
 chi_status_t decode_frame(const void *data, size_t length, Frame *f, std::string *why);
+
+// A message part may also carry several frames back to back (a batch: the
+// submits a client had queued, the results ready for one client).  Parses
+// the frame at the start of data with the checks above, except that bytes
+// may follow it (size <= length - header); *used = header + size.
+chi_status_t decode_next_frame(const void *data, size_t length, Frame *f, size_t *used, std::string *why);
+// Appends one frame to a batch under construction.
+void append_frame(const Frame &f, std::string *out);
+// A sender closes a batch (sends the message) once it holds this many bytes.
+constexpr size_t kBatchBytes = 64 * 1024;
 
 }  // namespace chi::ipc

@@ -9,7 +9,7 @@
 namespace chi::ipc {
 
 // Bumped on any change of this file or of segment.h.
-constexpr uint32_t kProtocolVersion = 1;
+constexpr uint32_t kProtocolVersion = 2;  // 2: ZeroMQ messages may batch frames
 constexpr uint32_t kMsgMagic = 0x4D494843u;  // "CHIM"
 constexpr uint32_t kMaxMsgPayload = 64 * 1024;
 

@@ -193,7 +193,11 @@ void ZmqListener::io_main() {
     // are in, the socket is not read, and zmq's high-water marks push back.
     while (!parked_.empty()) {
       auto &p = parked_.front();
-      if (!handle(p.first, -1, reinterpret_cast<const uint8_t *>(p.second.data()), p.second.size())) break;
+      const size_t used = handle(p.first, -1, reinterpret_cast<const uint8_t *>(p.second.data()), p.second.size());
+      if (used < p.second.size()) {
+        p.second.erase(0, used);
+        break;
+      }
       parked_.pop_front();
     }
     items[0].events = parked_.empty() ? ZMQ_POLLIN : 0;
@@ -209,6 +213,7 @@ void ZmqListener::io_main() {
     if (items[0].revents & ZMQ_POLLIN) receive();
     send_completions();
     if (!gpu_tasks_.empty()) poll_gpu_tasks();
+    flush_replies();
     if (now_ns() >= next_sweep_ns_) {
       sweep_sessions(-1);
       next_sweep_ns_ = now_ns() + 1000000000;  // once a second
@@ -290,7 +295,8 @@ void ZmqListener::receive() {
     }
     const uint8_t *data = static_cast<const uint8_t *>(zmq_msg_data(&body));
     const size_t size = zmq_msg_size(&body);
-    if (!handle(identity, fd, data, size)) parked_.emplace_back(identity, std::string(reinterpret_cast<const char *>(data), size));
+    const size_t used = handle(identity, fd, data, size);
+    if (used < size) parked_.emplace_back(identity, std::string(reinterpret_cast<const char *>(data) + used, size - used));
     zmq_msg_close(&body);
   }
 }
@@ -302,22 +308,50 @@ void ZmqListener::reply(const std::string &identity, int kind, uint64_t id, int3
   f.status = status;
   f.payload = static_cast<const uint8_t *>(p);
   f.size = uint32_t(std::min<size_t>(n, ipc::kMaxFramePayload));
-  zmq_msg_t m;
-  zmq_msg_init_size(&m, ipc::kFrameHeader + f.size);
-  ipc::encode_frame(f, static_cast<uint8_t *>(zmq_msg_data(&m)));
-  zmq_send(router_, identity.data(), identity.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT);
-  if (zmq_msg_send(&m, router_, ZMQ_DONTWAIT) < 0) zmq_msg_close(&m);  // peer gone or full: dropped
+  // Gathered per client and sent as one part by flush_replies (the I/O loop
+  // flushes every turn); a batch that reached kBatchBytes goes at once.
+  auto [it, fresh] = out_index_.try_emplace(identity, out_.size());
+  if (fresh) out_.emplace_back(identity, std::string());
+  std::string *batch = &out_[it->second].second;
+  ipc::append_frame(f, batch);
+  if (batch->size() >= ipc::kBatchBytes) {
+    zmq_send(router_, identity.data(), identity.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    zmq_send(router_, batch->data(), batch->size(), ZMQ_DONTWAIT);  // peer gone or full: dropped
+    batch->clear();
+  }
 }
 
-bool ZmqListener::handle(const std::string &identity, int fd, const uint8_t *data, size_t size) {
-  ipc::Frame f;
-  std::string why;
-  if (ipc::decode_frame(data, size, &f, &why) != CHI_OK) {
-    log(LogLevel::kWarn, "%s: malformed frame (%s): session closed", address_.c_str(), why.c_str());
-    reply(identity, int(ipc::Kind::kGone), 0, CHI_ERR_PROTOCOL, why.data(), why.size());
-    evict(identity, "malformed frame");
-    return true;
+void ZmqListener::flush_replies() {
+  for (auto &o : out_) {
+    if (o.second.empty()) continue;
+    zmq_send(router_, o.first.data(), o.first.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    zmq_send(router_, o.second.data(), o.second.size(), ZMQ_DONTWAIT);  // peer gone or full: dropped
   }
+  out_.clear();
+  out_index_.clear();
+}
+
+size_t ZmqListener::handle(const std::string &identity, int fd, const uint8_t *data, size_t size) {
+  size_t off = 0;
+  do {  // an empty part is malformed too
+    ipc::Frame f;
+    std::string why;
+    size_t used = 0;
+    if (ipc::decode_next_frame(data + off, size - off, &f, &used, &why) != CHI_OK) {
+      log(LogLevel::kWarn, "%s: malformed frame (%s): session closed", address_.c_str(), why.c_str());
+      reply(identity, int(ipc::Kind::kGone), 0, CHI_ERR_PROTOCOL, why.data(), why.size());
+      evict(identity, "malformed frame");
+      return size;
+    }
+    bool end = false;
+    if (!handle_frame(identity, fd, f, &end)) return off;  // parked from this frame on
+    if (end) return size;
+    off += used;
+  } while (off < size);
+  return size;
+}
+
+bool ZmqListener::handle_frame(const std::string &identity, int fd, const ipc::Frame &f, bool *end) {
   if (f.kind == ipc::Kind::kHello) {
     handle_hello(identity, fd, f.id, f.payload, f.size);
     return true;
@@ -331,6 +365,7 @@ bool ZmqListener::handle(const std::string &identity, int fd, const uint8_t *dat
   if (!s) {
     // No hello first (or a session we dropped): the peer must connect again.
     reply(identity, int(ipc::Kind::kGone), 0, CHI_ERR_PROTOCOL, "no session: say hello first", 27);
+    *end = true;
     return true;
   }
   switch (f.kind) {
@@ -341,10 +376,12 @@ bool ZmqListener::handle(const std::string &identity, int fd, const uint8_t *dat
       return true;
     case ipc::Kind::kBye:
       evict(identity, "said goodbye");
+      *end = true;
       return true;
     default:
       reply(identity, int(ipc::Kind::kGone), 0, CHI_ERR_PROTOCOL, "unexpected frame kind", 21);
       evict(identity, "unexpected frame kind");
+      *end = true;
       return true;
   }
 }
@@ -616,6 +653,7 @@ void ZmqListener::finish() {
       receive();
       send_completions();
     }
+    flush_replies();
     // Every session learns that the server is gone (then its calls answer
     // CHI_ERR_DISCONNECTED); LINGER gives the frames time to leave.
     std::vector<std::string> ids;
@@ -624,6 +662,7 @@ void ZmqListener::finish() {
       for (auto &kv : sessions_) ids.push_back(kv.first);
     }
     for (const std::string &id : ids) reply(id, int(ipc::Kind::kGone), 0, CHI_ERR_DISCONNECTED, nullptr, 0);
+    flush_replies();
     // Closing the ROUTER right away was seen to lose the frames still queued
     // for a live peer (a running task's result, then Gone), LINGER
     // notwithstanding.  A client closes its connection when it reads Gone:

@@ -14,6 +14,8 @@
 #include <set>
 #include <string>
 #include <thread>
+
+#include "ipc/frame.h"
 #include <unordered_map>
 #include <vector>
 
@@ -70,7 +72,15 @@ class ZmqListener final : public RemoteSink {
   void io_main();
   void zap_main();
   void receive();
-  bool handle(const std::string &identity, int fd, const uint8_t *data, size_t size);
+  // One message part (one frame or a batch): handles its frames in order and
+  // returns the bytes used; fewer than size when a submit found no free slot
+  // (the rest is parked and retried).
+  size_t handle(const std::string &identity, int fd, const uint8_t *data, size_t size);
+  // One frame; false: a submit that found no free slot (not taken).
+  // *end: the session ended with it (the rest of the part is ignored).
+  bool handle_frame(const std::string &identity, int fd, const ipc::Frame &f, bool *end);
+  // Sends the replies reply() gathered, one message part per client.
+  void flush_replies();
   void handle_hello(const std::string &identity, int fd, uint64_t id, const uint8_t *p, uint32_t n);
   void handle_control(Session &s, const std::string &identity, uint64_t id, uint32_t op, uint32_t flags,
                       const uint8_t *p, uint32_t n);
@@ -111,7 +121,10 @@ class ZmqListener final : public RemoteSink {
   std::vector<unsigned char> inline_out_;  // output of a built-in run on the I/O thread
   std::vector<Task *> done_;  // finished CPU tasks, sent by the I/O thread
   std::vector<GpuTask> gpu_tasks_;
-  std::deque<std::pair<std::string, std::string>> parked_;  // identity, frame
+  std::deque<std::pair<std::string, std::string>> parked_;  // identity, frames not yet taken
+  // Replies gathered by reply() until flush_replies(): identity, batch.
+  std::vector<std::pair<std::string, std::string>> out_;
+  std::unordered_map<std::string, size_t> out_index_;  // identity -> its entry in out_
 };
 
 }  // namespace chi
