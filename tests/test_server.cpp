@@ -26,6 +26,7 @@ extern "C" {
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -554,6 +555,44 @@ void test_server_killed(void **) {
   int status = 0;
   waitpid(child, &status, 0);
   assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+// Connections that never say hello hold only themselves: a client that
+// comes after them is served at once, and they stay open until
+// server.hello_timeout_ms (10 minutes here: never within the test).  Were
+// hellos read one at a time, the client would wait 8 x 10 minutes.
+void test_silent_connections(void **) {
+  if (g_transport != "shm") return skip();  // ZeroMQ reads every peer as it speaks
+  ServerFixture f = start_server("server:\n  hello_timeout_ms: 600000\n");
+  const std::string path = socket_path(f.address);
+  std::vector<int> silent;
+  for (int i = 0; i < 8; ++i) {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    assert_true(path.size() < sizeof a.sun_path);
+    memcpy(a.sun_path, path.c_str(), path.size() + 1);
+    assert_int_equal(connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
+    silent.push_back(fd);
+  }
+  chi_runtime_t *c = connect_client(f.address);
+  assert_int_equal(add(c, 2, 3), 5);
+  assert_int_equal(stats_of(f.rt).clients, 1);
+  for (int fd : silent) {  // still open: nothing to read, no hang-up
+    pollfd p{fd, POLLIN, 0};
+    assert_int_equal(poll(&p, 1, 0), 0);
+  }
+  // A late hello that is garbage is refused; closing the rest costs nothing.
+  const char junk[64] = "not a chimaera hello";
+  assert_int_equal(write(silent[0], junk, sizeof junk), ssize_t(sizeof junk));
+  char reply[256];
+  assert_true(read(silent[0], reply, sizeof reply) >= 0);  // the refusal, then EOF
+  for (int fd : silent) close(fd);
+  assert_int_equal(add(c, 4, 5), 9);
+  assert_status(CHI_OK, chi_finalize(c));
+  assert_true(settle(f.rt, 0));
+  assert_status(CHI_OK, chi_finalize(f.rt));
 }
 
 void test_graceful_stop(void **) {
@@ -1162,6 +1201,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_max_clients),
       cmocka_unit_test(test_client_kill_loop),
       cmocka_unit_test(test_server_killed),
+      cmocka_unit_test(test_silent_connections),
       cmocka_unit_test(test_graceful_stop),
       cmocka_unit_test(test_garbage_in_segment),
       cmocka_unit_test(test_malformed_frames),

@@ -33,6 +33,7 @@ struct ServerConfig {
   int64_t spin_ns = 50000;           // an idle poller spins this long, then sleeps, 0..1e10
   bool inline_builtins = true;       // built-in methods (CPU route) run on the poller that took them
   uint32_t shutdown_timeout_ms = 5000;  // stop: how long running client tasks may finish, 0..3600000
+  uint32_t hello_timeout_ms = 1000;     // a new connection's hello must come within this, 1..3600000
   std::string curve_key_file;           // tcp:// CURVE: the server's secret key (z85), mode 0600
   std::string curve_allowed_keys_file;  // tcp:// CURVE: client public keys (z85), one per line
 };

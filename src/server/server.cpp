@@ -24,7 +24,9 @@ namespace chi {
 
 namespace {
 
-constexpr int kHandshakeTimeoutMs = 1000;
+// Once a hello or control message has begun to arrive, its rest must follow
+// within this (one sendmsg from an honest peer: it arrives whole).
+constexpr int kMessageRestMs = 100;
 constexpr unsigned kBatch = 32;  // tasks a poller takes from one session per turn
 
 void signal_fd(int fd) {
@@ -62,6 +64,8 @@ Server::Server(Runtime &rt) : rt_(rt) {}
 
 Server::~Server() {
   stop(0);
+  for (auto &p : pending_) close(p->fd);  // the control thread has ended
+  pending_.clear();
   for (Session *s : sessions_) delete s;
   for (Session *s : detached_) delete s;
   if (epoll_fd_ >= 0) close(epoll_fd_);
@@ -250,11 +254,14 @@ void Server::control_main() {
         if (listening) accept_client(l->fd);
       } else if (tag == &wake_fd_) {
         drain_fd(wake_fd_);
+      } else if (int fd = take_pending(tag); fd >= 0) {
+        handshake(fd);
       } else {
         Session *s = static_cast<Session *>(tag);
         if (!s->detached) serve_request(s);
       }
     }
+    expire_pending();
     if (listening && stopping_.load(std::memory_order_acquire)) {
       // No new clients once stopping; the socket files go away now.
       for (auto &x : listeners_) {
@@ -283,7 +290,49 @@ void Server::accept_client(int listen_fd) {
       if (errno == EINTR) continue;
       return;  // EAGAIN, or a connection that went away
     }
-    handshake(fd);
+    // The hello is read when it arrives: a client that connects and stays
+    // silent holds only its own connection, until server.hello_timeout_ms.
+    auto p = std::make_unique<PendingHello>(
+        PendingHello{fd, now_ns() + int64_t(rt_.config().server.hello_timeout_ms) * 1000000});
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.ptr = p.get();
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      close(fd);
+      continue;
+    }
+    pending_.push_back(std::move(p));
+  }
+}
+
+int Server::take_pending(void *tag) {
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    if (pending_[i].get() != tag) continue;
+    const int fd = pending_[i]->fd;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    pending_[i] = std::move(pending_.back());
+    pending_.pop_back();
+    return fd;
+  }
+  return -1;
+}
+
+void Server::expire_pending() {
+  const int64_t now = now_ns();
+  for (size_t i = 0; i < pending_.size();) {
+    // On stop, connections still waiting for their hello are closed too.
+    if (now < pending_[i]->deadline_ns && !stopping_.load(std::memory_order_acquire)) {
+      ++i;
+      continue;
+    }
+    const int fd = pending_[i]->fd;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    close(fd);
+    if (!stopping_.load(std::memory_order_acquire))
+      log(LogLevel::kInfo, "closed a connection that sent no hello within %u ms",
+          rt_.config().server.hello_timeout_ms);
+    pending_[i] = std::move(pending_.back());
+    pending_.pop_back();
   }
 }
 
@@ -307,7 +356,7 @@ void Server::handshake(int fd) {
   ipc::MsgHeader h;
   ipc::Hello hello{};
   char buf[256];
-  chi_status_t rs = ipc::recv_msg(fd, &h, buf, sizeof buf, kHandshakeTimeoutMs);
+  chi_status_t rs = ipc::recv_msg(fd, &h, buf, sizeof buf, kMessageRestMs);
   if (rs != CHI_OK || h.op != uint16_t(ipc::Op::kHello) || h.length < sizeof hello) {
     if (rs == CHI_OK || rs == CHI_ERR_PROTOCOL)
       refuse(CHI_ERR_PROTOCOL, "expected a chimaera hello message");
@@ -392,7 +441,7 @@ void Server::handshake(int fd) {
 void Server::serve_request(Session *s) {
   ipc::MsgHeader h;
   static thread_local char buf[ipc::kMaxMsgPayload];
-  chi_status_t rs = ipc::recv_msg(s->sock(), &h, buf, sizeof buf - 1, kHandshakeTimeoutMs);
+  chi_status_t rs = ipc::recv_msg(s->sock(), &h, buf, sizeof buf - 1, kMessageRestMs);
   if (rs == CHI_ERR_DISCONNECTED) return detach(s, "connection closed");
   if (rs != CHI_OK) return detach(s, "malformed control message");
   auto reply = [&](chi_status_t st, const void *p, size_t n) {

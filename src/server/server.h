@@ -44,7 +44,17 @@ class Server {
   chi_status_t bind_endpoint(const std::string &address, Listener *l);
   void control_main();
   void poller_main(Poller *p);
+  // A connection whose hello has not arrived yet: in the control thread's
+  // epoll set until it does (or server.hello_timeout_ms passes), so that a
+  // silent peer delays no one.
+  struct PendingHello {
+    int fd;
+    int64_t deadline_ns;
+  };
   void accept_client(int listen_fd);
+  // The pending connection whose epoll tag is `tag`, taken out of the set; -1 if none.
+  int take_pending(void *tag);
+  void expire_pending();
   void handshake(int fd);
   void serve_request(Session *s);
   void detach(Session *s, const char *why);
@@ -65,6 +75,7 @@ class Server {
   uint32_t next_id_ = 1;
   uint32_t next_poller_ = 0;
   uint32_t max_in_flight_ = 0;
+  std::vector<std::unique_ptr<PendingHello>> pending_;  // control thread only
   std::mutex sessions_mu_;              // sessions_ (control thread writes; status reads)
   std::vector<Session *> sessions_;     // live, connected sessions
   std::vector<Session *> detached_;     // gone, waiting for their tasks to finish
