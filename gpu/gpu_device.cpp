@@ -409,6 +409,12 @@ chi_status_t GpuDevice::pause() {
   return pause_locked();
 }
 
+const char *GpuDevice::orchestrator_state(uint64_t *launches) {
+  std::lock_guard<std::mutex> lock(mu_);
+  *launches = launches_.load();
+  return shut_ ? "stopped" : broken_ ? "failed" : running_ ? "running" : "paused";
+}
+
 chi_status_t GpuDevice::pause_if_running(bool *was_running) {
   std::lock_guard<std::mutex> lock(mu_);
   *was_running = false;

@@ -54,6 +54,8 @@ class GpuDevice {
   // pause(), and whether the orchestrator was running before.
   chi_status_t pause_if_running(bool *was_running);
   int32_t id() const { return id_; }
+  // "running", "paused", "failed" or "stopped"; *launches: launches so far.
+  const char *orchestrator_state(uint64_t *launches);
   // Pauses, installs the method-id -> dispatch-index table, relaunches with `launch`.
   chi_status_t set_orchestrator(chi_gpu_launch_fn launch, const std::vector<int32_t> &dispatch);
   chi_status_t check_pointer(const void *ptr, size_t size);

@@ -49,6 +49,10 @@ class DeviceGpuSystem final : public GpuSystem {
     return each(gpu, [](GpuDevice &d) { return d.resume(); });
   }
 
+  const char *orchestrator_state(int32_t gpu, uint64_t *launches) override {
+    return devs_[gpu]->orchestrator_state(launches);
+  }
+
   chi_status_t pause_running(std::vector<int32_t> *paused) override {
     paused->clear();
     for (auto &d : devs_) {

@@ -362,6 +362,7 @@ void test_round_trips_from_threads(void **) {
   size_t reply_size = 0;
   assert_status(CHI_OK, chi_server_query(f.address.c_str(), "status-json", reply, sizeof reply, &reply_size));
   assert_non_null(strstr(reply, "\"clients\":[{"));
+  assert_non_null(strstr(reply, "\"gpu_orchestrators\":[]"));  // this server drives no GPU
   assert_status(CHI_ERR_TOO_LARGE, chi_server_query(f.address.c_str(), "status", reply, 8, &reply_size));
   assert_true(reply_size > 8);
   assert_status(CHI_ERR_INVALID, chi_server_query(f.address.c_str(), "reboot", reply, sizeof reply, nullptr));
@@ -774,6 +775,14 @@ void test_gpu_route_through_server(void **) {
   assert_status(CHI_OK, chi_wait(c, f, -1, &sum, sizeof sum, nullptr));
   assert_int_equal(sum, 42);
   assert_status(CHI_ERR_INVALID, chi_submit(c, CHI_ROUTE_GPU(gpus), CHI_METHOD_ECHO, in, 1, &f));
+  // chimaera-ctl status shows each orchestrator as it is: running, then paused.
+  char reply[8192];
+  assert_status(CHI_OK, chi_server_query(address.c_str(), "status-json", reply, sizeof reply, nullptr));
+  assert_non_null(strstr(reply, "{\"gpu\":0,\"state\":\"running\""));
+  assert_status(CHI_OK, chi_gpu_pause(rt, 0));
+  assert_status(CHI_OK, chi_server_query(address.c_str(), "status-json", reply, sizeof reply, nullptr));
+  assert_non_null(strstr(reply, "{\"gpu\":0,\"state\":\"paused\""));
+  assert_status(CHI_OK, chi_gpu_resume(rt, 0));
   print_message("  %ld CPU->GPU echo tasks from a client through the server on %d GPU(s): all correct\n", n, gpus);
   assert_status(CHI_OK, chi_finalize(c));
   assert_status(CHI_OK, chi_finalize(rt));

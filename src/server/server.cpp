@@ -560,18 +560,48 @@ std::string Server::status_text(bool json) {
   for (auto &z : zmq_)
     for (const ZmqListener::Row &r : z->rows())
       rows.push_back({r.id, -1, unsigned(-1), r.submitted, r.finished, r.in_flight});
+  // Each GPU's orchestrator as it is now (paused, failed...), not assumed.
+  std::string orch_json, orch_text;
+  const int32_t ngpus = rt_.gpu() ? rt_.gpu()->count() : 0;
+  for (int32_t g = 0; g < ngpus; ++g) {
+    uint64_t launches = 0;
+    const char *state = rt_.gpu()->orchestrator_state(g, &launches);
+    char one[160];
+    snprintf(one, sizeof one, "%s{\"gpu\":%d,\"state\":\"%s\",\"launches\":%llu}", g ? "," : "", int(g),
+             state, (unsigned long long)launches);
+    orch_json += one;
+    snprintf(one, sizeof one, "%sGPU %d %s, %llu launch(es)", g ? "; " : "", int(g), state,
+             (unsigned long long)launches);
+    orch_text += one;
+  }
+  if (orch_text.empty()) orch_text = "none";
   static const char *const names[] = {"cpu", "gpu", "client", "reserved"};
   char line[512];
   std::string out;
   if (json) {
+    // Addresses come from the config: any length, any character (a path).
+    out = "{\"address\":\"";
+    for (char ch : addrs) {
+      if (ch == '"' || ch == '\\') {
+        out += '\\';
+        out += ch;
+      } else if (static_cast<unsigned char>(ch) < 0x20) {
+        char esc[8];
+        snprintf(esc, sizeof esc, "\\u%04x", unsigned(static_cast<unsigned char>(ch)));
+        out += esc;
+      } else {
+        out += ch;
+      }
+    }
     snprintf(line, sizeof line,
-             "{\"address\":\"%s\",\"pid\":%d,\"version\":\"%s\",\"workers\":%u,"
+             "\",\"pid\":%d,\"version\":\"%s\",\"workers\":%u,"
              "\"pollers\":%zu,\"slots_in_use\":%llu,\"slots_total\":%llu,\"gpus\":%d,"
-             "\"gpu_orchestrators\":\"%s\",\"clients\":[",
-             addrs.c_str(), int(getpid()), ipc::version_text(CHI_VERSION_NUMBER).c_str(), st.workers,
+             "\"gpu_orchestrators\":[",
+             int(getpid()), ipc::version_text(CHI_VERSION_NUMBER).c_str(), st.workers,
              pollers_.size(), (unsigned long long)st.slots_in_use, (unsigned long long)st.slots_total,
-             st.gpus, st.gpus ? "running" : "none");
+             st.gpus);
     out += line;
+    out += orch_json + "],\"clients\":[";
     for (size_t i = 0; i < rows.size(); ++i) {
       snprintf(line, sizeof line,
                "%s{\"id\":%u,\"pid\":%d,\"uid\":%u,\"submitted\":%llu,\"finished\":%llu,\"in_flight\":%u}",
@@ -596,15 +626,15 @@ std::string Server::status_text(bool json) {
     return out;
   }
   snprintf(line, sizeof line,
-           "chimaera-server %s, %s, pid %d\n"
+           "chimaera-server %s, pid %d\n"
            "workers:  %u CPU worker(s), %zu client poller(s)\n"
            "slots:    %llu of %llu CPU task slots in use\n"
-           "gpus:     %d (orchestrators %s)\n"
-           "clients:  %zu\n",
-           ipc::version_text(CHI_VERSION_NUMBER).c_str(), addrs.c_str(), int(getpid()), st.workers,
+           "gpus:     %d (orchestrators: ",
+           ipc::version_text(CHI_VERSION_NUMBER).c_str(), int(getpid()), st.workers,
            pollers_.size(), (unsigned long long)st.slots_in_use, (unsigned long long)st.slots_total,
-           st.gpus, st.gpus ? "running" : "none", rows.size());
+           st.gpus);
   out += line;
+  out += orch_text + ")\nserving:  " + addrs + "\nclients:  " + std::to_string(rows.size()) + "\n";
   if (!rows.empty()) out += "  id      pid      uid    submitted     finished  in-flight\n";
   for (const Row &r : rows) {
     snprintf(line, sizeof line, "  %-6u %-8d %-6u %10llu %12llu %10u\n", r.id, r.pid, r.uid,
