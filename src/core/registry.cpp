@@ -140,6 +140,11 @@ chi_status_t Registry::add_gpu(const char *name, chi_method_t *id) {
   return add(name, false, nullptr, nullptr, id);
 }
 
+void Registry::mark_bounded(chi_method_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (MethodEntry *e = entry_for(id)) e->bounded.store(true, std::memory_order_release);
+}
+
 chi_status_t Registry::lookup(const char *name, chi_method_t *id) const {
   if (!name) return set_error(CHI_ERR_INVALID, "method name is NULL");
   std::lock_guard<std::mutex> lock(mu_);
@@ -230,13 +235,16 @@ chi_status_t builtin_checksum(chi_request_t *req, void *) {
 void register_builtins(Registry &reg) {
   chi_method_t id;
   // Registered first, so their ids are CHI_METHOD_ECHO, _ADD, _CHECKSUM; the
-  // GPU orchestrators serve them too.
-  reg.add_cpu("chi.echo", builtin_echo, nullptr, &id);
-  reg.add_gpu("chi.echo", &id);
-  reg.add_cpu("chi.add", builtin_add, nullptr, &id);
-  reg.add_gpu("chi.add", &id);
-  reg.add_cpu("chi.checksum", builtin_checksum, nullptr, &id);
-  reg.add_gpu("chi.checksum", &id);
+  // GPU orchestrators serve them too.  Each is one pass over its input: bounded.
+  const struct {
+    const char *name;
+    chi_handler_t fn;
+  } builtins[] = {{"chi.echo", builtin_echo}, {"chi.add", builtin_add}, {"chi.checksum", builtin_checksum}};
+  for (const auto &b : builtins) {
+    reg.add_cpu(b.name, b.fn, nullptr, &id);
+    reg.add_gpu(b.name, &id);
+    reg.mark_bounded(id);
+  }
 }
 
 }  // namespace chi

@@ -27,6 +27,9 @@ struct MethodEntry {
   std::atomic<void *> user_data{nullptr};
   std::atomic<bool> gpu{false};   // some GPU orchestrator serves it
   std::atomic<bool> live{false};  // registered on this runtime; publishes the rest
+  // The CPU handler's work is bounded by its payload (the built-ins): a
+  // server may run it on the I/O thread that took the task.
+  std::atomic<bool> bounded{false};
   char name[kMaxMethodName + 1] = {};
 };
 
@@ -44,6 +47,8 @@ class Registry {
   // A GPU method, or a GPU handler for a name that so far has only a CPU handler.
   chi_status_t add_gpu(const char *name, chi_method_t *id);
   chi_status_t lookup(const char *name, chi_method_t *id) const;
+  // Marks a registered method's CPU handler bounded (MethodEntry::bounded).
+  void mark_bounded(chi_method_t id);
   // The entry of an id this registry handed out, else nullptr.  Lock-free.
   const MethodEntry *get(chi_method_t id) const {
     if (id == 0 || id >= kMaxMethods) return nullptr;
@@ -87,9 +92,7 @@ chi_status_t run_cpu_handler(const Registry &reg, chi_method_t method, chi_route
 
 // The built-in methods' CPU handlers (chi.echo, chi.add, chi.checksum).
 void register_builtins(Registry &reg);
-// chi.echo, chi.add, chi.checksum: bounded work (one pass over at most
-// max_inline_payload bytes), so a server may run them on its I/O threads.
-inline bool is_builtin_method(chi_method_t m) { return m >= CHI_METHOD_ECHO && m <= CHI_METHOD_CHECKSUM; }
+
 
 // 64-bit FNV-1a, the chi.checksum function (the GPU side computes the same).
 uint64_t fnv1a64(const void *data, size_t size);

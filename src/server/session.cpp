@@ -143,7 +143,7 @@ unsigned Session::poll(Runtime &rt, unsigned budget, uint32_t max_in_flight, boo
                          : input_size > seg_.layout.max_payload ? CHI_ERR_TOO_LARGE
                          : !m                                     ? CHI_ERR_NOT_FOUND
                                                                   : CHI_OK;
-    if (early == CHI_OK && cpu && inline_builtins && is_builtin_method(method)) {
+    if (early == CHI_OK && cpu && inline_builtins && m->bounded.load(std::memory_order_relaxed)) {
       // Run to completion here: no hand-off to a worker and back.  The input
       // is copied out of the segment first (the client may rewrite it); the
       // output goes straight into the client's slot, which the client reads

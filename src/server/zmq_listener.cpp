@@ -25,7 +25,10 @@ namespace chi {
 
 namespace {
 
-
+// Reply buffers kept between I/O turns: one per recent client, up to this
+// many, each kept while at most kKeptReplyBytes.
+constexpr size_t kMaxReplyBuffers = 1024;
+constexpr size_t kKeptReplyBytes = 16 * 1024;
 
 }  // namespace
 
@@ -314,21 +317,26 @@ void ZmqListener::reply(const std::string &identity, int kind, uint64_t id, int3
   if (fresh) out_.emplace_back(identity, std::string());
   std::string *batch = &out_[it->second].second;
   ipc::append_frame(f, batch);
-  if (batch->size() >= ipc::kBatchBytes) {
-    zmq_send(router_, identity.data(), identity.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT);
-    zmq_send(router_, batch->data(), batch->size(), ZMQ_DONTWAIT);  // peer gone or full: dropped
-    batch->clear();
-  }
+  if (batch->size() >= ipc::kBatchBytes) send_batch(identity, batch);
+}
+
+void ZmqListener::send_batch(const std::string &identity, std::string *batch) {
+  zmq_send(router_, identity.data(), identity.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+  zmq_send(router_, batch->data(), batch->size(), ZMQ_DONTWAIT);  // peer gone or full: dropped
+  // Keeps a small buffer's capacity for the next turn; a big one goes.
+  if (batch->capacity() > kKeptReplyBytes) std::string().swap(*batch);
+  else batch->clear();
 }
 
 void ZmqListener::flush_replies() {
-  for (auto &o : out_) {
-    if (o.second.empty()) continue;
-    zmq_send(router_, o.first.data(), o.first.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT);
-    zmq_send(router_, o.second.data(), o.second.size(), ZMQ_DONTWAIT);  // peer gone or full: dropped
+  for (auto &o : out_)
+    if (!o.second.empty()) send_batch(o.first, &o.second);
+  // The buffers stay (no allocation per reply on the hot path), up to a
+  // bound: gone clients' entries are dropped with the rest now and then.
+  if (out_.size() > kMaxReplyBuffers) {
+    out_.clear();
+    out_index_.clear();
   }
-  out_.clear();
-  out_index_.clear();
 }
 
 size_t ZmqListener::handle(const std::string &identity, int fd, const uint8_t *data, size_t size) {
@@ -504,9 +512,10 @@ bool ZmqListener::handle_submit(Session &s, const std::string &identity, uint64_
   };
   if (stopping_.load(std::memory_order_acquire)) return fail(CHI_ERR_SHUTDOWN);
   if (n > rt_.config().max_inline_payload) return fail(CHI_ERR_TOO_LARGE);
-  if (!rt_.registry().get(method)) return fail(CHI_ERR_NOT_FOUND);
+  const MethodEntry *entry = rt_.registry().get(method);
+  if (!entry) return fail(CHI_ERR_NOT_FOUND);
   const bool cpu = route == CHI_ROUTE_CPU || route == CHI_ROUTE_LOCAL;
-  if (cpu && rt_.config().server.inline_builtins && is_builtin_method(method)) {
+  if (cpu && rt_.config().server.inline_builtins && entry->bounded.load(std::memory_order_relaxed)) {
     // Run to completion on this thread: the reply goes out without a
     // worker hand-off and an eventfd wake-up of this thread.
     const int64_t t0 = now_ns();

@@ -81,6 +81,7 @@ class ZmqListener final : public RemoteSink {
   bool handle_frame(const std::string &identity, int fd, const ipc::Frame &f, bool *end);
   // Sends the replies reply() gathered, one message part per client.
   void flush_replies();
+  void send_batch(const std::string &identity, std::string *batch);
   void handle_hello(const std::string &identity, int fd, uint64_t id, const uint8_t *p, uint32_t n);
   void handle_control(Session &s, const std::string &identity, uint64_t id, uint32_t op, uint32_t flags,
                       const uint8_t *p, uint32_t n);
