@@ -594,6 +594,21 @@ void test_silent_connections(void **) {
   assert_status(CHI_OK, chi_finalize(c));
   assert_true(settle(f.rt, 0));
   assert_status(CHI_OK, chi_finalize(f.rt));
+
+  // Past server.hello_timeout_ms (1 ms here) the server closes a silent
+  // connection: the client sees end-of-file (the wait has no bound of its own).
+  ServerFixture g = start_server("server:\n  hello_timeout_ms: 1\n");
+  const std::string gpath = socket_path(g.address);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  assert_true(fd >= 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  memcpy(a.sun_path, gpath.c_str(), gpath.size() + 1);
+  assert_int_equal(connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
+  char byte;
+  assert_int_equal(read(fd, &byte, 1), 0);
+  close(fd);
+  assert_status(CHI_OK, chi_finalize(g.rt));
 }
 
 void test_graceful_stop(void **) {
