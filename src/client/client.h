@@ -23,6 +23,12 @@ constexpr chi_method_t kLocalMethodBit = 0x40000000u;
 // Pool number of a client future (the local pool's futures carry its own tag).
 constexpr uint32_t kClientPool = 0xFE;
 
+// Bounds both transports use: connecting (hello to welcome), one control
+// request; and how many polls of a slot word a waiter makes per clock read.
+constexpr int kConnectTimeoutMs = 5000;
+constexpr int kControlTimeoutMs = 10000;
+constexpr unsigned kPollsPerClockRead = 32;
+
 class Client {
  public:
   virtual ~Client();

@@ -29,9 +29,6 @@ inline uint32_t gen_of(uint32_t w) { return w >> 8; }
 inline uint32_t st_of(uint32_t w) { return w & kMask; }
 
 constexpr uint64_t kControlBit = 1ull << 63;
-constexpr int kConnectTimeoutMs = 5000;
-constexpr int kControlTimeoutMs = 10000;
-constexpr unsigned kPollsPerClockRead = 32;
 
 
 }  // namespace
