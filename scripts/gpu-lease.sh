@@ -30,15 +30,7 @@ t_start=$(date +%s)
 note "== gpu-lease on $(hostname), $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
 
-mkdir -p /opt/deps
-for f in .devdeps/*.deb; do dpkg -x "$f" /opt/deps; done
-# libzmq.pc names Requires.private packages (krb5, pgm, norm, bsd) whose .pc
-# files are not unpacked here; only the shared library is linked, so drop them.
-sed -i '/^Requires.private/d' /opt/deps/usr/lib/x86_64-linux-gnu/pkgconfig/libzmq.pc 2>/dev/null || true
-export CMAKE_PREFIX_PATH=/opt/deps/usr
-export PKG_CONFIG_PATH=/opt/deps/usr/lib/x86_64-linux-gnu/pkgconfig:/opt/deps/usr/share/pkgconfig
-export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export PATH=/usr/local/cuda/bin:$PATH
+. scripts/gpu-deps.sh
 
 if has build; then
   t0=$(date +%s)

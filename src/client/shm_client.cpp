@@ -28,8 +28,6 @@ inline uint32_t word(uint32_t gen, uint32_t st) { return (gen << 8) | st; }
 inline uint32_t gen_of(uint32_t w) { return w >> 8; }
 inline uint32_t st_of(uint32_t w) { return w & kMask; }
 
-
-
 }  // namespace
 
 ShmClient::~ShmClient() {

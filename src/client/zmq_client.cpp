@@ -30,7 +30,6 @@ inline uint32_t st_of(uint32_t w) { return w & kMask; }
 
 constexpr uint64_t kControlBit = 1ull << 63;
 
-
 }  // namespace
 
 ZmqClient::~ZmqClient() {
