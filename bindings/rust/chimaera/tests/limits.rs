@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::hint::black_box;
 use std::process::Command;
 
 use chimaera::{sys, Config, Method, Route, Runtime, Status};
@@ -96,14 +95,17 @@ fn handler_with_a_32_mib_frame() {
     .unwrap();
     let big = rt
         .register_handler("limits.big_frame", |_, out| {
+            // Volatile accesses keep the whole 32 MiB frame on the stack
+            // (std::hint::black_box needs Rust 1.66; the crates support 1.63).
             let mut frame = [0u8; 32 << 20];
             for i in (0..frame.len()).step_by(4096) {
-                frame[i] = (i >> 12) as u8;
+                // SAFETY: i < frame.len(), an aligned u8 in a live array.
+                unsafe { std::ptr::write_volatile(&mut frame[i], (i >> 12) as u8) };
             }
-            let frame = black_box(&frame);
             let sum: u64 = (0..frame.len())
                 .step_by(4096)
-                .map(|i| frame[i] as u64)
+                // SAFETY: as above.
+                .map(|i| unsafe { std::ptr::read_volatile(&frame[i]) } as u64)
                 .sum();
             out.extend_from_slice(&sum.to_le_bytes())
         })
