@@ -7,12 +7,14 @@ build=${BUILD_DIR:-$root/build}
 
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-for p in cmake ninja-build g++ pkg-config libyaml-dev libcmocka-dev libzmq3-dev jq clang libclang-rt-14-dev gfortran bindgen gnuplot-nox python3 hipcc libamdhip64-dev; do
+# cargo: Debian's (rustc 1.63), the oldest Rust the crates support, always;
+# where ~/.cargo has a newer one, ctest runs the Rust suite with both
+# (rust_cargo_test, rust_cargo_test_debian).  docs/toolchains.md lists the
+# versions.
+for p in cmake ninja-build g++ pkg-config libyaml-dev libcmocka-dev libzmq3-dev jq clang libclang-rt-14-dev gfortran bindgen gnuplot-nox python3 hipcc libamdhip64-dev cargo; do
   have_pkg "$p" || need+=("$p")
 done
-# Rust: the machine's toolchain if there is one, else Debian's.
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
-command -v cargo >/dev/null 2>&1 || need+=(cargo)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   sudo_cmd=""
