@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "core/futex.h"
-#include "core/log.h"
+#include "base/log.h"
 #include "core/registry.h"
 #include "core/runtime.h"
 #include "gpu/h2d_executor.h"

@@ -9,9 +9,9 @@
 #include <cstring>
 #include <mutex>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "core/futex.h"
-#include "core/log.h"
+#include "base/log.h"
 #include "core/registry.h"
 #include "core/runtime.h"
 #include "gpu/kernels.h"

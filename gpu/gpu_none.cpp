@@ -1,5 +1,5 @@
 // Build without CUDA/HIP: no GPU system, so GPU routes answer CHI_ERR_NO_DEVICE.
-#include "api/error.h"
+#include "base/error.h"
 #include "core/gpu_system.h"
 
 namespace chi {

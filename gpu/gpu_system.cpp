@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "core/gpu_system.h"
-#include "core/log.h"
+#include "base/log.h"
 #include "core/registry.h"
 #include "core/runtime.h"
 #include "gpu/gpu_device.h"

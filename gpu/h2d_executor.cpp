@@ -3,7 +3,7 @@
 #include <cstring>
 #include <thread>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "core/futex.h"
 #include "core/runtime.h"
 #include "gpu/cpu_poller.h"

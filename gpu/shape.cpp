@@ -5,7 +5,7 @@
 
 #include "chimaera/config.h"
 #include "chimaera_device.h"
-#include "core/log.h"
+#include "base/log.h"
 
 namespace chi::gpu {
 

@@ -209,8 +209,8 @@ int raw_connect(const std::string &address) {
   return s;
 }
 
-void raw_send(int s, chi::ipc::Op op, const void *payload, uint32_t len) {
-  chi::ipc::MsgHeader h{chi::ipc::kMsgMagic, uint16_t(op), 0, len, 0};
+void raw_send(int s, chi::ipc::Kind kind, const void *payload, uint32_t len) {
+  chi::ipc::MsgHeader h{chi::ipc::kMsgMagic, uint16_t(kind), 0, 0, len, 0};
   assert_int_equal(send(s, &h, sizeof h, MSG_NOSIGNAL), sizeof h);
   if (len) assert_int_equal(send(s, payload, len, MSG_NOSIGNAL), len);
 }
@@ -238,7 +238,7 @@ RawSession raw_session(const std::string &address) {
   RawSession r;
   r.sock = raw_connect(address);
   chi::ipc::Hello hello{chi::ipc::kProtocolVersion, chi_version(), chi::ipc::kSessionTasks, 0};
-  raw_send(r.sock, chi::ipc::Op::kHello, &hello, sizeof hello);
+  raw_send(r.sock, chi::ipc::Kind::kHello, &hello, sizeof hello);
   chi::ipc::MsgHeader h;
   std::string body;
   int fds[2] = {-1, -1};
@@ -438,7 +438,7 @@ void test_version_mismatch(void **) {
   ServerFixture f = start_server();
   int s = raw_connect(f.address);
   chi::ipc::Hello hello{chi::ipc::kProtocolVersion + 7, 9900, chi::ipc::kSessionTasks, 0};
-  raw_send(s, chi::ipc::Op::kHello, &hello, sizeof hello);
+  raw_send(s, chi::ipc::Kind::kHello, &hello, sizeof hello);
   chi::ipc::MsgHeader h;
   std::string body;
   assert_true(raw_recv(s, &h, &body));

@@ -9,10 +9,11 @@
 #include <exception>
 #include <new>
 
-#include "api/error.h"
+#include "api/handle.h"
+#include "base/error.h"
+#include "base/log.h"
 #include "chimaera.h"
 #include "client/client.h"
-#include "core/log.h"
 #include "core/runtime.h"
 #include "server/server.h"
 

@@ -1,4 +1,5 @@
-// Thread-local error detail behind chi_last_error_message.
+// Thread-local error detail behind chi_last_error_message: a base service
+// below core/ and ipc/, which record their failures here; src/api reads it.
 #pragma once
 
 #include "chimaera.h"

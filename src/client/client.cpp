@@ -3,10 +3,12 @@
 #include <cstring>
 #include <thread>
 
-#include "api/error.h"
+#include "base/error.h"
+#include "base/log.h"
 #include "core/runtime.h"
 #include "client/shm_client.h"
 #include "client/zmq_client.h"
+#include "ipc/handshake.h"
 
 namespace chi {
 
@@ -101,6 +103,17 @@ chi_status_t Client::stats(chi_stats_t *out) {
   size_t keep = std::min(out->struct_size, sizeof st);
   st.struct_size = out->struct_size;
   std::memcpy(out, &st, keep);
+  return CHI_OK;
+}
+
+chi_status_t Client::accept_welcome(int32_t status, const void *payload, size_t size, uint32_t kind,
+                                    ipc::Welcome *w) {
+  if (chi_status_t s = ipc::check_welcome(status, payload, size, kind, address_, w); s != CHI_OK) return s;
+  if (kind == ipc::kSessionControl) return CHI_OK;
+  if (chi_status_t s = apply_gpu_setting(w->gpus); s != CHI_OK) return s;
+  note_method_limit(w->method_limit);
+  log(LogLevel::kInfo, "connected to %s as session %u (%u slots, %u-byte payloads, %d GPU(s))", address_.c_str(),
+      w->session_id, w->nslots, w->max_payload, gpus_);
   return CHI_OK;
 }
 

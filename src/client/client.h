@@ -23,11 +23,9 @@ constexpr chi_method_t kLocalMethodBit = 0x40000000u;
 // Pool number of a client future (the local pool's futures carry its own tag).
 constexpr uint32_t kClientPool = 0xFE;
 
-// Bounds both transports use: connecting (hello to welcome), one control
-// request; and how many polls of a slot word a waiter makes per clock read.
+// Bounds both transports use: connecting (hello to welcome), one control request.
 constexpr int kConnectTimeoutMs = 5000;
 constexpr int kControlTimeoutMs = 10000;
-constexpr unsigned kPollsPerClockRead = 32;
 
 class Client {
  public:
@@ -65,6 +63,10 @@ class Client {
   chi_status_t check_submit(chi_route_t route, chi_method_t method, size_t input_size,
                             uint32_t max_payload);
   void note_method_limit(uint32_t limit);
+  // The one Welcome check of every transport: the server's answer to the
+  // hello (status and payload), then, for a task session, its GPUs
+  // (gpu.devices) and method ids taken over.  Sets the message on failure.
+  chi_status_t accept_welcome(int32_t status, const void *payload, size_t size, uint32_t kind, ipc::Welcome *w);
   // Applies gpu.devices (chi_config_t.gpus) to the server's GPU count.
   chi_status_t apply_gpu_setting(int32_t server_gpus);
   // How long a waiter spins before it sleeps: spin_ns, or 0 on a machine of

@@ -11,22 +11,25 @@
 #include <algorithm>
 #include <cstring>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "core/executor.h"
 #include "core/futex.h"
-#include "core/log.h"
+#include "core/slot_word.h"
+#include "base/log.h"
 #include "core/runtime.h"
 #include "ipc/channel.h"
+#include "ipc/ring.h"
 
 namespace chi {
 
 namespace {
 
-// Private slot states.
-enum : uint32_t { kFree = 0, kPending = 1, kOrphan = 2, kClaimed = 3, kMask = 0xFF };
-inline uint32_t word(uint32_t gen, uint32_t st) { return (gen << 8) | st; }
-inline uint32_t gen_of(uint32_t w) { return w >> 8; }
-inline uint32_t st_of(uint32_t w) { return w & kMask; }
+// The segment's slot word and the client's private word share the state
+// machine of core/slot_word.h: pending and done mean the same on both.
+static_assert(uint32_t(ipc::kSlotSubmitted) == uint32_t(slot::kPending) &&
+                  uint32_t(ipc::kSlotDone) == uint32_t(slot::kDone) &&
+                  uint32_t(ipc::kSlotSleeper) == uint32_t(slot::kSleeper),
+              "segment slot states are the slot word's");
 
 }  // namespace
 
@@ -61,12 +64,12 @@ chi_status_t ShmClient::handshake(const std::string &address, uint32_t kind) {
     return set_error(CHI_ERR_DISCONNECTED, "no chimaera-server at %s (%s: %s); start one with chimaera-server",
                      address_.c_str(), ep.socket_path.c_str(), strerror(errno));
   ipc::Hello hello{ipc::kProtocolVersion, CHI_VERSION_NUMBER, kind, 0};
-  if (!ipc::send_msg(sock_, ipc::Op::kHello, 0, CHI_OK, &hello, sizeof hello))
+  if (!ipc::send_msg(sock_, ipc::Kind::kHello, ipc::Op(0), 0, CHI_OK, &hello, sizeof hello))
     return set_error(CHI_ERR_DISCONNECTED, "%s closed the connection during the handshake", address_.c_str());
   ipc::MsgHeader h;
   char buf[1024];
   int fds[2];
-  chi_status_t rs = ipc::recv_msg(sock_, &h, buf, sizeof buf - 1, kConnectTimeoutMs, fds);
+  chi_status_t rs = ipc::recv_msg(sock_, &h, buf, sizeof buf, kConnectTimeoutMs, fds);
   memfd_ = fds[0];
   doorbell_ = fds[1];
   if (rs == CHI_ERR_TIMEOUT)
@@ -75,27 +78,17 @@ chi_status_t ShmClient::handshake(const std::string &address, uint32_t kind) {
   if (rs != CHI_OK)
     return set_error(rs == CHI_ERR_PROTOCOL ? CHI_ERR_PROTOCOL : CHI_ERR_DISCONNECTED,
                      "handshake with %s failed: %s", address_.c_str(), chi_status_string(rs));
-  ipc::Welcome w{};
-  if (h.op != uint16_t(ipc::Op::kWelcome) || h.length < sizeof w)
+  if (h.kind != uint16_t(ipc::Kind::kWelcome))
     return set_error(CHI_ERR_PROTOCOL, "%s answered the handshake with something else", address_.c_str());
-  std::memcpy(&w, buf, sizeof w);
-  if (h.status != CHI_OK) {
-    buf[h.length] = 0;
-    return set_error(h.status, "%s refused the connection: %s", address_.c_str(), buf + sizeof w);
-  }
-  if (w.protocol != ipc::kProtocolVersion || w.library_version / 100 != CHI_VERSION_NUMBER / 100)
-    return set_error(CHI_ERR_PROTOCOL,
-                     "version mismatch: client library %s protocol %u, server library %s protocol %u",
-                     ipc::version_text(CHI_VERSION_NUMBER).c_str(), ipc::kProtocolVersion,
-                     ipc::version_text(w.library_version).c_str(), w.protocol);
+  ipc::Welcome w{};
+  if (chi_status_t s = accept_welcome(h.status, buf, h.length, kind, &w); s != CHI_OK) return s;
   if (kind == ipc::kSessionControl) return CHI_OK;
   // Check the shape before mapping, so that a broken server cannot make us
   // read past the mapping.
   ipc::SegmentLayout l = ipc::segment_layout(w.nslots, w.max_payload);
   struct stat st;
-  if (memfd_ < 0 || doorbell_ < 0 || w.nslots < 2 || (w.nslots & (w.nslots - 1)) ||
-      w.nslots > (1u << 16) || w.max_payload > (1u << 20) || l.size != w.segment_size ||
-      fstat(memfd_, &st) != 0 || uint64_t(st.st_size) < l.size)
+  if (memfd_ < 0 || doorbell_ < 0 || l.size != w.segment_size || fstat(memfd_, &st) != 0 ||
+      uint64_t(st.st_size) < l.size)
     return set_error(CHI_ERR_PROTOCOL, "%s sent a malformed session segment", address_.c_str());
   void *p = mmap(nullptr, l.size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd_, 0);
   if (p == MAP_FAILED) return set_error(CHI_ERR_NOMEM, "cannot map the session segment: %s", strerror(errno));
@@ -105,13 +98,9 @@ chi_status_t ShmClient::handshake(const std::string &address, uint32_t kind) {
   if (sh->magic != ipc::kSegmentMagic || sh->protocol != ipc::kProtocolVersion || sh->nslots != w.nslots ||
       sh->max_payload != w.max_payload)
     return set_error(CHI_ERR_PROTOCOL, "%s sent a session segment with a bad header", address_.c_str());
-  if (chi_status_t s = apply_gpu_setting(w.gpus); s != CHI_OK) return s;
-  note_method_limit(w.method_limit);
   mine_.reset(new std::atomic<uint32_t>[w.nslots]);
-  for (uint32_t i = 0; i < w.nslots; ++i) mine_[i].store(word(0, kFree), std::memory_order_relaxed);
+  for (uint32_t i = 0; i < w.nslots; ++i) mine_[i].store(slot::word(0, slot::kFree), std::memory_order_relaxed);
   slots_free_.init(w.nslots);
-  log(LogLevel::kInfo, "connected to %s as session %u (%u slots, %u-byte payloads, %d GPU(s))",
-      address_.c_str(), w.session_id, w.nslots, w.max_payload, w.gpus);
   return CHI_OK;
 }
 
@@ -138,7 +127,7 @@ chi_status_t ShmClient::control(ipc::Op op, uint16_t flags, const void *payload,
                                     void *reply, uint32_t capacity, uint32_t *reply_length) {
   std::lock_guard<std::mutex> lock(control_mu_);
   if (gone_.load(std::memory_order_acquire)) return disconnected("request");
-  if (!ipc::send_msg(sock_, op, flags, CHI_OK, payload, length)) return disconnected("request");
+  if (!ipc::send_msg(sock_, ipc::Kind::kControl, op, flags, CHI_OK, payload, length)) return disconnected("request");
   ipc::MsgHeader h;
   static thread_local char buf[ipc::kMaxMsgPayload + 1];
   chi_status_t rs = ipc::recv_msg(sock_, &h, buf, ipc::kMaxMsgPayload, kControlTimeoutMs);
@@ -149,6 +138,10 @@ chi_status_t ShmClient::control(ipc::Op op, uint16_t flags, const void *payload,
                      kControlTimeoutMs);
   }
   if (rs != CHI_OK) return disconnected("request");
+  if (h.kind != uint16_t(ipc::Kind::kControlReply)) {
+    gone_.store(true, std::memory_order_release);
+    return set_error(CHI_ERR_PROTOCOL, "%s answered a request with a message of kind %u", address_.c_str(), h.kind);
+  }
   if (h.status != CHI_OK) {
     buf[h.length] = 0;
     return set_error(h.status, "%s", buf);
@@ -163,10 +156,10 @@ void ShmClient::reap_orphans() {
   if (!orphans_.load(std::memory_order_acquire)) return;
   for (uint32_t i = 0; i < seg_.layout.nslots; ++i) {
     uint32_t w = mine_[i].load(std::memory_order_acquire);
-    if (st_of(w) != kOrphan) continue;
-    uint32_t sw = seg_.slot(i)->state.load(std::memory_order_acquire);
-    if (ipc::slot_gen(sw) != gen_of(w) || ipc::slot_state(sw) != ipc::kSlotDone) continue;
-    if (mine_[i].compare_exchange_strong(w, word(gen_of(w), kClaimed), std::memory_order_acq_rel)) {
+    if (slot::state_of(w) != slot::kOrphan) continue;
+    const uint32_t sw = seg_.slot(i)->state.load(std::memory_order_acquire);
+    if ((sw & ~slot::kSleeper) != slot::word(slot::gen_of(w), slot::kDone)) continue;
+    if (slot::claim(mine_[i], w)) {
       orphans_.fetch_sub(1, std::memory_order_relaxed);
       free_slot(i);
     }
@@ -182,10 +175,9 @@ bool ShmClient::acquire_slot(uint32_t *slot) {
   return slots_free_.acquire(slot, deadline, [&] { reap_orphans(); }, [&] { return server_alive(); });
 }
 
-void ShmClient::free_slot(uint32_t slot) {
-  uint32_t w = mine_[slot].load(std::memory_order_relaxed);
-  mine_[slot].store(word(gen_of(w), kFree), std::memory_order_release);
-  slots_free_.release(slot);
+void ShmClient::free_slot(uint32_t i) {
+  slot::set_free(mine_[i]);
+  slots_free_.release(i);
 }
 
 chi_status_t ShmClient::submit(chi_route_t route, chi_method_t method, const void *input,
@@ -204,126 +196,81 @@ chi_status_t ShmClient::submit(chi_route_t route, chi_method_t method, const voi
                                                          : "all %u client slots are in use",
                      seg_.layout.nslots, cfg_.submit_timeout_ms);
   }
-  const uint32_t gen = (gen_of(mine_[slot].load(std::memory_order_relaxed)) + 1) & ipc::kSlotGenMask;
-  mine_[slot].store(word(gen, kPending), std::memory_order_relaxed);
-  ipc::SlotHeader *h = seg_.slot(slot);
-  h->method = method;
-  h->route = route;
-  h->input_size = uint32_t(input_size);
-  if (input_size) std::memcpy(seg_.input(slot), input, input_size);
-  h->state.store(ipc::slot_word(gen, ipc::kSlotSubmitted), std::memory_order_relaxed);
-  // Queue the slot (Vyukov producer; the ring never holds more than nslots).
-  ipc::SegmentHeader *sh = seg_.header();
-  const uint32_t mask = seg_.layout.nslots - 1;
-  const uint32_t pos = sh->tail.fetch_add(1, std::memory_order_relaxed);
-  ipc::RingCell &cell = seg_.ring()[pos & mask];
-  for (unsigned spins = 1; cell.seq.load(std::memory_order_acquire) != pos; ++spins) {
-    // The server has taken this cell's previous task but not handed it back yet.
-    cpu_relax();
-    if (spins % 4096 == 0) {
-      if (!server_alive()) return disconnected("chi_submit");
-      sched_yield();
-    }
-  }
-  cell.slot = slot;
-  cell.seq.store(pos + 1, std::memory_order_release);
-  // Ring the doorbell only when the poller sleeps (it arms it first, then
-  // looks at the ring once more: one of us sees the other).
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (sh->doorbell_armed.load(std::memory_order_relaxed)) {
+  const uint32_t gen = slot::begin(mine_[slot]);
+  ipc::post_task(seg_, slot, gen, method, route, input, uint32_t(input_size));
+  bool ring = false;
+  if (!ipc::ring_push(seg_, slot, [&] { return server_alive(); }, &ring)) return disconnected("chi_submit");
+  if (ring) {
     uint64_t one = 1;
-    ssize_t r = write(doorbell_, &one, sizeof one);
-    (void)r;
+    if (write(doorbell_, &one, sizeof one) < 0 && errno != EAGAIN) return disconnected("chi_submit");
   }
   *future = encode_future(tag_, kClientPool, gen, slot);
   return CHI_OK;
 }
 
-chi_status_t ShmClient::check(uint32_t slot, uint32_t gen) const {
-  if (slot >= seg_.layout.nslots) return set_error(CHI_ERR_INVALID, "unknown future (slot %u)", slot);
-  uint32_t w = mine_[slot].load(std::memory_order_acquire);
-  if (gen_of(w) != gen || st_of(w) != kPending)
+chi_status_t ShmClient::check(uint32_t i, uint32_t gen) const {
+  if (i >= seg_.layout.nslots) return set_error(CHI_ERR_INVALID, "unknown future (slot %u)", i);
+  // The private word never says done (that is the segment's word): a live
+  // future's task is pending here until a waiter claims it.
+  if (mine_[i].load(std::memory_order_acquire) != slot::word(gen, slot::kPending))
     return set_error(CHI_ERR_INVALID, "stale future: already waited on, released or unknown");
   return CHI_OK;
 }
 
-chi_status_t ShmClient::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, void *output,
-                                 size_t output_capacity, size_t *output_size) {
-  if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
-  ipc::SlotHeader *h = seg_.slot(slot);
-  const int64_t start = now_ns();
-  const int64_t spin_end = start + wait_spin_ns();
-  const int64_t slice = int64_t(cfg_.disconnect_check_ms) * 1000000;
-  const uint32_t done = ipc::slot_word(gen, ipc::kSlotDone);
-  uint32_t w = h->state.load(std::memory_order_acquire);
-  unsigned polls = 0;
-  while ((w & ~ipc::kSlotSleeper) != done) {
-    if (++polls % kPollsPerClockRead != 0) {
-      cpu_relax();
-      w = h->state.load(std::memory_order_acquire);
-      continue;
-    }
-    int64_t now = now_ns();
-    if (timeout_ns >= 0 && now - start >= timeout_ns)
-      return set_error(CHI_ERR_TIMEOUT, "task not finished within %lld ns", (long long)timeout_ns);
-    if (now < spin_end) {
-      w = h->state.load(std::memory_order_acquire);
-      continue;
-    }
-    if (!server_alive()) {
-      // The result may have come just before the server went.
-      w = h->state.load(std::memory_order_acquire);
-      if ((w & ~ipc::kSlotSleeper) != done) return disconnected("chi_wait");
-      break;
-    }
-    // Sleep on the segment word in slices, re-checking the server between them.
-    uint32_t want = w | ipc::kSlotSleeper;
-    if (w != want &&
-        !h->state.compare_exchange_strong(w, want, std::memory_order_acq_rel, std::memory_order_acquire))
-      continue;
-    int64_t left = slice;
-    if (timeout_ns >= 0) left = std::min(left, timeout_ns - (now_ns() - start));
-    if (left > 0) futex_wait_shared(&h->state, want, left);
-    w = h->state.load(std::memory_order_acquire);
-  }
-  // Copy the result out before anything else: the segment is shared.
-  const uint32_t size = h->output_size;
-  const chi_status_t status = h->status;
-  if (size > seg_.layout.max_payload)
-    return set_error(CHI_ERR_PROTOCOL, "the server wrote an output of %u bytes into a %u-byte slot", size,
+chi_status_t ShmClient::wait(uint32_t i, uint32_t gen, int64_t timeout_ns, void *output,
+                             size_t output_capacity, size_t *output_size) {
+  if (chi_status_t s = check(i, gen); s != CHI_OK) return s;
+  ipc::SlotHeader *h = seg_.slot(i);
+  slot::WaitPolicy p;
+  p.shared = true;
+  p.spin_ns = wait_spin_ns();
+  p.slice_ns = int64_t(cfg_.disconnect_check_ms) * 1000000;
+  auto gone = [&] {
+    return gone_.load(std::memory_order_acquire) ||
+           seg_.header()->server_state.load(std::memory_order_acquire) == ipc::kGone;
+  };
+  uint32_t w = 0;
+  const chi_status_t ws = slot::wait(h->state, gen, timeout_ns, p, gone, [] { return false; },
+                                     [&] { return server_alive(); }, &w);
+  if (ws == CHI_ERR_DISCONNECTED) return disconnected("chi_wait");
+  if (ws != CHI_OK) return set_error(ws, "task not finished within %lld ns", (long long)timeout_ns);
+  if ((w & ~slot::kSleeper) != slot::word(gen, slot::kDone))
+    return set_error(CHI_ERR_PROTOCOL, "the server wrote slot %u's state word %#x while its task was pending", i, w);
+  ipc::TaskResult r;
+  if (!ipc::read_result(seg_, i, &r))
+    return set_error(CHI_ERR_PROTOCOL, "the server wrote an output of %u bytes into a %u-byte slot", r.size,
                      seg_.layout.max_payload);
-  if (output && output_capacity < size) {
-    if (output_size) *output_size = size;
-    return set_error(CHI_ERR_TOO_LARGE, "output of %u bytes does not fit a %zu-byte buffer", size,
+  if (output && output_capacity < r.size) {
+    if (output_size) *output_size = r.size;
+    return set_error(CHI_ERR_TOO_LARGE, "output of %u bytes does not fit a %zu-byte buffer", r.size,
                      output_capacity);
   }
-  uint32_t mw = word(gen, kPending);
-  if (!mine_[slot].compare_exchange_strong(mw, word(gen, kClaimed), std::memory_order_acq_rel))
+  if (!slot::claim(mine_[i], slot::word(gen, slot::kPending)))
     return set_error(CHI_ERR_INVALID, "stale future: consumed by another thread");
-  if (output && size) std::memcpy(output, seg_.output(slot), size);
-  if (output_size) *output_size = size;
-  free_slot(slot);
-  if (status != CHI_OK) set_error(status, "the server's handler returned %d (%s)", status, chi_status_string(status));
-  return status;
+  if (output && r.size) std::memcpy(output, r.output, r.size);
+  if (output_size) *output_size = r.size;
+  free_slot(i);
+  if (r.status != CHI_OK)
+    set_error(r.status, "the server's handler returned %d (%s)", r.status, chi_status_string(r.status));
+  return r.status;
 }
 
-chi_status_t ShmClient::test(uint32_t slot, uint32_t gen, int *done) {
-  if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
-  uint32_t w = seg_.slot(slot)->state.load(std::memory_order_acquire);
-  *done = (w & ~ipc::kSlotSleeper) == ipc::slot_word(gen, ipc::kSlotDone);
+chi_status_t ShmClient::test(uint32_t i, uint32_t gen, int *done) {
+  if (chi_status_t s = check(i, gen); s != CHI_OK) return s;
+  const uint32_t w = seg_.slot(i)->state.load(std::memory_order_acquire);
+  *done = (w & ~slot::kSleeper) == slot::word(gen, slot::kDone);
   if (!*done && !server_alive()) return disconnected("chi_test");
   return CHI_OK;
 }
 
-chi_status_t ShmClient::release(uint32_t slot, uint32_t gen) {
-  if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
-  uint32_t mw = word(gen, kPending);
-  if (!mine_[slot].compare_exchange_strong(mw, word(gen, kOrphan), std::memory_order_acq_rel))
+chi_status_t ShmClient::release(uint32_t i, uint32_t gen) {
+  if (chi_status_t s = check(i, gen); s != CHI_OK) return s;
+  if (slot::orphan(mine_[i], gen) != slot::kOrphan)
     return set_error(CHI_ERR_INVALID, "stale future: already waited on or released");
   orphans_.fetch_add(1, std::memory_order_relaxed);
   // Done already (or the server is gone and never will): recycle it now.
-  uint32_t w = seg_.slot(slot)->state.load(std::memory_order_acquire);
-  if ((w & ~ipc::kSlotSleeper) == ipc::slot_word(gen, ipc::kSlotDone)) reap_orphans();
+  const uint32_t w = seg_.slot(i)->state.load(std::memory_order_acquire);
+  if ((w & ~slot::kSleeper) == slot::word(gen, slot::kDone)) reap_orphans();
   return CHI_OK;
 }
 

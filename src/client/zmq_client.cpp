@@ -9,10 +9,11 @@
 #include <algorithm>
 #include <cstring>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "core/executor.h"
 #include "core/futex.h"
-#include "core/log.h"
+#include "core/slot_word.h"
+#include "base/log.h"
 #include "ipc/curve.h"
 #include "ipc/channel.h"
 #include "ipc/frame.h"
@@ -21,12 +22,6 @@
 namespace chi {
 
 namespace {
-
-// Private slot states.
-enum : uint32_t { kFree = 0, kPending = 1, kDone = 2, kOrphan = 3, kClaimed = 4, kMask = 0x7F, kSleeper = 0x80 };
-inline uint32_t word(uint32_t gen, uint32_t st) { return (gen << 8) | st; }
-inline uint32_t gen_of(uint32_t w) { return w >> 8; }
-inline uint32_t st_of(uint32_t w) { return w & kMask; }
 
 constexpr uint64_t kControlBit = 1ull << 63;
 
@@ -152,21 +147,11 @@ chi_status_t ZmqClient::open(bool control) {
                      kConnectTimeoutMs);
   }
   ipc::Welcome w{};
-  if (ctl_.payload.size() < sizeof w)
-    return set_error(CHI_ERR_PROTOCOL, "%s answered the handshake with something else", a.c_str());
-  std::memcpy(&w, ctl_.payload.data(), sizeof w);
-  if (ctl_.status != CHI_OK)
-    return set_error(ctl_.status, "%s refused the connection: %s", a.c_str(), ctl_.payload.c_str() + sizeof w);
-  if (w.protocol != ipc::kProtocolVersion || w.library_version / 100 != CHI_VERSION_NUMBER / 100)
-    return set_error(CHI_ERR_PROTOCOL, "version mismatch: client library %s protocol %u, server library %s protocol %u",
-                     ipc::version_text(CHI_VERSION_NUMBER).c_str(), ipc::kProtocolVersion,
-                     ipc::version_text(w.library_version).c_str(), w.protocol);
+  const uint32_t kind = control ? ipc::kSessionControl : ipc::kSessionTasks;
+  if (chi_status_t s = accept_welcome(ctl_.status, ctl_.payload.data(), ctl_.payload.size(), kind, &w); s != CHI_OK)
+    return s;
   if (control) return CHI_OK;
-  if (w.nslots < 2 || (w.nslots & (w.nslots - 1)) || w.nslots > (1u << 16) || w.max_payload > ipc::kMaxFramePayload)
-    return set_error(CHI_ERR_PROTOCOL, "%s sent a malformed session shape", a.c_str());
   max_payload_ = w.max_payload;
-  if (chi_status_t s = apply_gpu_setting(w.gpus); s != CHI_OK) return s;
-  note_method_limit(w.method_limit);
   slots_.reset(new Slot[w.nslots]);
   slots_free_.init(w.nslots);
   {
@@ -174,8 +159,6 @@ chi_status_t ZmqClient::open(bool control) {
     out_slots_.reserve(w.nslots);
   }
   nslots_.store(w.nslots, std::memory_order_release);
-  log(LogLevel::kInfo, "connected to %s as session %u (%u slots, %u-byte payloads, %d GPU(s))", a.c_str(),
-      w.session_id, nslots_.load(), max_payload_, gpus_);
   return CHI_OK;
 }
 
@@ -195,7 +178,7 @@ void ZmqClient::mark_gone(const char *why) {
   // Wake every sleeping waiter: their calls answer DISCONNECTED now.
   const uint32_t n = nslots_.load(std::memory_order_acquire);
   for (uint32_t i = 0; i < n; ++i)
-    if (slots_[i].word.load(std::memory_order_relaxed) & kSleeper) futex_wake(&slots_[i].word);
+    if (slots_[i].word.load(std::memory_order_relaxed) & slot::kSleeper) futex_wake(&slots_[i].word);
   slots_free_.wake_all();
 }
 
@@ -281,7 +264,7 @@ void ZmqClient::io_send_queued() {
     Slot &s = slots_[i];
     ipc::Frame f;
     f.kind = ipc::Kind::kSubmit;
-    f.id = (uint64_t(gen_of(s.word.load(std::memory_order_acquire))) << 32) | i;
+    f.id = (uint64_t(slot::gen_of(s.word.load(std::memory_order_acquire))) << 32) | i;
     f.method = s.method;
     f.route = s.route;
     f.payload = s.data.data();
@@ -348,17 +331,14 @@ bool ZmqClient::io_frame(const ipc::Frame &f) {
     uint32_t i = uint32_t(f.id), gen = uint32_t(f.id >> 32);
     if (i < nslots_.load(std::memory_order_acquire) && f.size <= max_payload_) {
       Slot &s = slots_[i];
-      uint32_t w = s.word.load(std::memory_order_acquire);
-      if (gen_of(w) == gen && (st_of(w) == kPending || st_of(w) == kOrphan)) {
-        if (st_of(w) == kOrphan) {
-          free_slot(i);  // released before its result came
-        } else {
-          s.data.assign(f.payload, f.payload + f.size);
-          s.status = f.status;
-          uint32_t old = s.word.exchange(word(gen, kDone), std::memory_order_acq_rel);
-          if (old & kSleeper) futex_wake(&s.word);
-        }
+      // Written before the publish; a result for a stale or orphaned task
+      // only overwrites data that no future reads any more.
+      const uint32_t w = s.word.load(std::memory_order_acquire);
+      if (slot::gen_of(w) == gen && slot::state_of(w) == slot::kPending) {
+        s.data.assign(f.payload, f.payload + f.size);
+        s.status = f.status;
       }
+      if (slot::publish(s.word, gen) == slot::kOrphan) free_slot(i);  // released before its result came
     }
   }
   return true;
@@ -410,10 +390,9 @@ bool ZmqClient::acquire_slot(uint32_t *slot) {
   return slots_free_.acquire(slot, deadline, [] {}, [&] { return !gone_.load(std::memory_order_acquire); });
 }
 
-void ZmqClient::free_slot(uint32_t slot) {
-  uint32_t w = slots_[slot].word.load(std::memory_order_relaxed);
-  slots_[slot].word.store(word(gen_of(w), kFree), std::memory_order_release);
-  slots_free_.release(slot);
+void ZmqClient::free_slot(uint32_t i) {
+  slot::set_free(slots_[i].word);
+  slots_free_.release(i);
 }
 
 chi_status_t ZmqClient::submit(chi_route_t route, chi_method_t method, const void *input, size_t input_size,
@@ -431,11 +410,10 @@ chi_status_t ZmqClient::submit(chi_route_t route, chi_method_t method, const voi
                      nslots_.load(std::memory_order_relaxed), cfg_.submit_timeout_ms);
   }
   Slot &s = slots_[i];
-  const uint32_t gen = (gen_of(s.word.load(std::memory_order_relaxed)) + 1) & kGenMask;
   s.method = method;
   s.route = route;
   s.data.assign(static_cast<const uint8_t *>(input), static_cast<const uint8_t *>(input) + input_size);
-  s.word.store(word(gen, kPending), std::memory_order_release);
+  const uint32_t gen = slot::begin(s.word);
   {
     std::lock_guard<std::mutex> lock(out_mu_);
     out_slots_.push_back(i);
@@ -445,96 +423,60 @@ chi_status_t ZmqClient::submit(chi_route_t route, chi_method_t method, const voi
   return CHI_OK;
 }
 
-chi_status_t ZmqClient::check(uint32_t slot, uint32_t gen) const {
-  if (slot >= nslots_.load(std::memory_order_relaxed))
-    return set_error(CHI_ERR_INVALID, "unknown future (slot %u)", slot);
-  uint32_t w = slots_[slot].word.load(std::memory_order_acquire);
-  uint32_t st = st_of(w);
-  if (gen_of(w) != gen || (st != kPending && st != kDone))
+chi_status_t ZmqClient::check(uint32_t i, uint32_t gen) const {
+  if (i >= nslots_.load(std::memory_order_relaxed)) return set_error(CHI_ERR_INVALID, "unknown future (slot %u)", i);
+  if (!slot::live(slots_[i].word.load(std::memory_order_acquire), gen))
     return set_error(CHI_ERR_INVALID, "stale future: already waited on, released or unknown");
   return CHI_OK;
 }
 
-chi_status_t ZmqClient::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, void *output, size_t output_capacity,
+chi_status_t ZmqClient::wait(uint32_t i, uint32_t gen, int64_t timeout_ns, void *output, size_t output_capacity,
                              size_t *output_size) {
-  if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
-  Slot &s = slots_[slot];
-  const int64_t start = now_ns();
-  const int64_t spin_end = start + wait_spin_ns();
-  const int64_t slice = int64_t(cfg_.disconnect_check_ms) * 1000000;
-  uint32_t w = s.word.load(std::memory_order_acquire);
-  unsigned polls = 0;
-  while (st_of(w) == kPending && gen_of(w) == gen) {
-    if (++polls % kPollsPerClockRead != 0) {
-      cpu_relax();
-      w = s.word.load(std::memory_order_acquire);
-      continue;
-    }
-    if (gone_.load(std::memory_order_acquire)) {
-      // The result may have come just before the server went.
-      w = s.word.load(std::memory_order_acquire);
-      if (st_of(w) == kPending && gen_of(w) == gen) return disconnected("chi_wait");
-      continue;
-    }
-    int64_t now = now_ns();
-    if (timeout_ns >= 0 && now - start >= timeout_ns)
-      return set_error(CHI_ERR_TIMEOUT, "task not finished within %lld ns", (long long)timeout_ns);
-    if (now < spin_end) {
-      w = s.word.load(std::memory_order_acquire);
-      continue;
-    }
-    uint32_t want = w | kSleeper;
-    if (w != want && !s.word.compare_exchange_strong(w, want, std::memory_order_acq_rel, std::memory_order_acquire))
-      continue;
-    int64_t left = slice;
-    if (timeout_ns >= 0) left = std::min(left, timeout_ns - (now_ns() - start));
-    if (left > 0) futex_wait(&s.word, want, left);
-    w = s.word.load(std::memory_order_acquire);
-  }
-  if (gen_of(w) != gen || st_of(w) != kDone)
-    return set_error(CHI_ERR_INVALID, "stale future: already waited on or released");
+  if (chi_status_t s = check(i, gen); s != CHI_OK) return s;
+  Slot &s = slots_[i];
+  slot::WaitPolicy p;
+  p.spin_ns = wait_spin_ns();
+  p.slice_ns = int64_t(cfg_.disconnect_check_ms) * 1000000;
+  uint32_t w = 0;
+  const chi_status_t ws = slot::wait(
+      s.word, gen, timeout_ns, p, [&] { return gone_.load(std::memory_order_acquire); }, [] { return false; },
+      [] { return true; }, &w);
+  if (ws == CHI_ERR_DISCONNECTED) return disconnected("chi_wait");
+  if (ws != CHI_OK) return set_error(ws, "task not finished within %lld ns", (long long)timeout_ns);
+  if (w != slot::word(gen, slot::kDone)) return set_error(CHI_ERR_INVALID, "stale future: already waited on or released");
   const size_t size = s.data.size();
   if (output && output_capacity < size) {
     if (output_size) *output_size = size;
     return set_error(CHI_ERR_TOO_LARGE, "output of %zu bytes does not fit a %zu-byte buffer", size, output_capacity);
   }
-  if (!s.word.compare_exchange_strong(w, word(gen, kClaimed), std::memory_order_acq_rel))
-    return set_error(CHI_ERR_INVALID, "stale future: consumed by another thread");
+  if (!slot::claim(s.word, w)) return set_error(CHI_ERR_INVALID, "stale future: consumed by another thread");
   const chi_status_t status = s.status;
   if (output && size) std::memcpy(output, s.data.data(), size);
   if (output_size) *output_size = size;
-  free_slot(slot);
+  free_slot(i);
   if (status != CHI_OK) set_error(status, "the server's handler returned %d (%s)", status, chi_status_string(status));
   return status;
 }
 
-chi_status_t ZmqClient::test(uint32_t slot, uint32_t gen, int *done) {
-  if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
-  *done = st_of(slots_[slot].word.load(std::memory_order_acquire)) == kDone;
+chi_status_t ZmqClient::test(uint32_t i, uint32_t gen, int *done) {
+  if (chi_status_t s = check(i, gen); s != CHI_OK) return s;
+  *done = slot::state_of(slots_[i].word.load(std::memory_order_acquire)) == slot::kDone;
   if (!*done && gone_.load(std::memory_order_acquire)) return disconnected("chi_test");
   return CHI_OK;
 }
 
-chi_status_t ZmqClient::release(uint32_t slot, uint32_t gen) {
-  if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
-  Slot &s = slots_[slot];
-  uint32_t w = s.word.load(std::memory_order_acquire);
-  for (;;) {
-    if (gen_of(w) != gen) break;
-    uint32_t st = st_of(w);
-    if (st == kPending) {
-      // The I/O thread frees an orphan when its result comes.
-      if (s.word.compare_exchange_weak(w, word(gen, kOrphan) | (w & kSleeper), std::memory_order_acq_rel)) return CHI_OK;
-    } else if (st == kDone) {
-      if (s.word.compare_exchange_weak(w, word(gen, kClaimed), std::memory_order_acq_rel)) {
-        free_slot(slot);
-        return CHI_OK;
-      }
-    } else {
-      break;
-    }
+chi_status_t ZmqClient::release(uint32_t i, uint32_t gen) {
+  if (chi_status_t s = check(i, gen); s != CHI_OK) return s;
+  // The I/O thread frees an orphan when its result comes.
+  switch (slot::orphan(slots_[i].word, gen)) {
+    case slot::kOrphan:
+      return CHI_OK;
+    case slot::kClaimed:
+      free_slot(i);
+      return CHI_OK;
+    default:
+      return set_error(CHI_ERR_INVALID, "stale future: already waited on or released");
   }
-  return set_error(CHI_ERR_INVALID, "stale future: already waited on or released");
 }
 
 }  // namespace chi

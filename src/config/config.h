@@ -6,11 +6,10 @@
 #include <string>
 #include <vector>
 
+#include "base/log.h"
 #include "chimaera.h"
 
 namespace chi {
-
-enum class LogLevel : int { kError = 0, kWarn = 1, kInfo = 2, kDebug = 3 };
 
 struct GpuConfig {
   int32_t devices = -1;            // -1: all visible, 0: none, n: the first n (error if fewer)

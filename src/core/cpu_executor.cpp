@@ -8,9 +8,10 @@
 #include <cerrno>
 #include <cstring>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "core/futex.h"
-#include "core/log.h"
+#include "core/slot_word.h"
+#include "base/log.h"
 
 namespace chi {
 
@@ -22,29 +23,6 @@ void set_submit_never_blocks(bool on) { t_submit_never_blocks = on; }
 bool submit_never_blocks() { return t_submit_never_blocks; }
 
 namespace {
-
-// Slot state word: generation (24 bits) << 8 | state (low 7 bits) | kSleeper.
-// One 32-bit word so that waiters can futex-sleep on it directly.
-enum : uint32_t {
-  kFree = 0,
-  kPending = 1,  // queued or running
-  kDone = 2,
-  kOrphan = 3,   // released before done: the worker frees it
-  kClaimed = 4,  // a waiter or chi_release is taking the result
-  kRemote = 5,   // a client process's task: its result goes to a RemoteSink
-  kStateMask = 0x7F,
-  kSleeper = 0x80,  // a waiter sleeps on the word: completion must wake it
-};
-
-inline uint32_t make_state(uint32_t gen, uint32_t st) {
-  return (gen << 8) | st;
-}
-inline uint32_t gen_of(uint32_t word) {
-  return word >> 8;
-}
-inline uint32_t state_of(uint32_t word) {
-  return word & kStateMask;
-}
 
 // Nested chi_wait calls on a worker run queued tasks while they wait.  Past
 // this depth they run only their own worker's queue (the children of the
@@ -58,9 +36,6 @@ constexpr int kMaxHelpDepth = 16;
 CHI_TLS const void *tls_pool = nullptr;
 CHI_TLS uint32_t tls_worker = 0;
 CHI_TLS int tls_help_depth = 0;
-
-// Spin loops read the clock once per this many polls (a read costs ~20-50 ns).
-constexpr unsigned kPollsPerClockRead = 32;
 
 // Ring cells of the shared run queue and of each worker's own queue; deeper
 // queues spill into lists (see run_queue.h).  A ring's memory is touched as
@@ -97,7 +72,7 @@ struct CpuExecutor::Slot {
   uint64_t cookie;
 };
 // A slot never used is zero pages: state 0 is generation 0, kFree.
-static_assert(kFree == 0, "fresh slots must read as free");
+static_assert(slot::kFree == 0, "fresh slots must read as free");
 
 CpuExecutor::CpuExecutor(const Config &cfg, const Registry &reg, RouteStats &stats)
     : cfg_(cfg), reg_(reg), stats_(stats) {}
@@ -284,8 +259,7 @@ chi_status_t CpuExecutor::acquire_slot(uint32_t *index, bool may_block) {
 
 void CpuExecutor::free_slot(uint32_t index) {
   Slot *s = slot_at(index);
-  s->state.store(make_state(gen_of(s->state.load(std::memory_order_relaxed)), kFree),
-                 std::memory_order_release);
+  slot::set_free(s->state);
   free_.push(index);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (free_waiters_.load(std::memory_order_relaxed) > 0) {
@@ -306,9 +280,8 @@ chi_status_t CpuExecutor::submit(chi_method_t method, const void *input, size_t 
   if (chi_status_t st = acquire_slot(&index, cfg_.submit_blocking && !worker && !submit_never_blocks()); st != CHI_OK)
     return st;
   Slot *s = slot_at(index);
-  uint32_t g = (gen_of(s->state.load(std::memory_order_relaxed)) + 1) & kGenMask;
   s->sink = nullptr;
-  s->state.store(make_state(g, kPending), std::memory_order_relaxed);
+  const uint32_t g = slot::begin(s->state);
   stats_.submitted();
   queue_task(index, method, input, input_size, worker);
   *slot = index;
@@ -324,11 +297,10 @@ chi_status_t CpuExecutor::submit_remote(chi_method_t method, const void *input, 
   uint32_t index;
   if (chi_status_t st = acquire_slot(&index, false); st != CHI_OK) return st;
   Slot *s = slot_at(index);
-  uint32_t g = (gen_of(s->state.load(std::memory_order_relaxed)) + 1) & kGenMask;
   s->sink = sink;
   s->cookie = cookie;
   // kRemote: no future names this slot, so chi_wait/test/release refuse it.
-  s->state.store(make_state(g, kRemote), std::memory_order_relaxed);
+  slot::begin(s->state, slot::kRemote);
   queue_task(index, method, input, input_size, on_worker_thread());
   return CHI_OK;
 }
@@ -350,7 +322,7 @@ uint32_t CpuExecutor::slots_in_use() const {
   uint32_t n = 0;
   const uint32_t used = std::min(fresh_.load(std::memory_order_acquire), nslots_);
   for (uint32_t i = 0; i < used; ++i)
-    n += state_of(slot_at(i)->state.load(std::memory_order_relaxed)) != kFree;
+    n += slot::state_of(slot_at(i)->state.load(std::memory_order_relaxed)) != slot::kFree;
   return n;
 }
 
@@ -380,19 +352,8 @@ void CpuExecutor::run_task(const QueuedTask &task) {
   stats_.finished(st, now_ns() - s->submit_ns);
   s->status = st;
   s->output_size = uint32_t(out_size);
-  uint32_t cur = s->state.load(std::memory_order_relaxed);
-  for (;;) {
-    if (state_of(cur) == kOrphan) {
-      free_slot(index);
-      if (cur & kSleeper) futex_wake(&s->state);  // a waiter raced with chi_release
-      return;
-    }
-    // Release: the waiter that sees kDone sees the output and status.
-    if (s->state.compare_exchange_weak(cur, make_state(gen_of(cur), kDone),
-                                       std::memory_order_acq_rel, std::memory_order_relaxed))
-      break;
-  }
-  if (cur & kSleeper) futex_wake(&s->state);
+  const uint32_t gen = slot::gen_of(s->state.load(std::memory_order_relaxed));
+  if (slot::publish(s->state, gen) == slot::kOrphan) free_slot(index);
 }
 
 bool CpuExecutor::pop_task(QueuedTask *task, bool own_only) {
@@ -440,7 +401,7 @@ void CpuExecutor::worker_main(unsigned id) {
           found = true;
           break;
         }
-        if (polls % kPollsPerClockRead == 0 && now_ns() >= spin_end) break;
+        if (polls % slot::kPollsPerClockRead == 0 && now_ns() >= spin_end) break;
         cpu_relax();
       }
     }
@@ -470,9 +431,7 @@ chi_status_t CpuExecutor::check(uint32_t slot, uint32_t gen) const {
   // Slots past the committed ones were never handed out (and are not mapped).
   if (slot >= committed_.load(std::memory_order_acquire))
     return set_error(CHI_ERR_INVALID, "unknown future (slot %u)", slot);
-  uint32_t w = slot_at(slot)->state.load(std::memory_order_acquire);
-  uint32_t st = state_of(w);
-  if (gen_of(w) != gen || st == kFree || st == kOrphan || st == kClaimed)
+  if (!slot::live(slot_at(slot)->state.load(std::memory_order_acquire), gen))
     return set_error(CHI_ERR_INVALID, "stale future: already waited on, released or unknown");
   return CHI_OK;
 }
@@ -481,51 +440,26 @@ chi_status_t CpuExecutor::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, 
                                size_t output_capacity, size_t *output_size) {
   if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
   Slot *s = slot_at(slot);
-  const int64_t start = now_ns();
-  const bool helper = on_worker_thread();
+  // A worker waiting on a task helps run the queue, so a pool whose every
+  // worker waits on nested tasks still makes progress; it re-checks the queue
+  // every ms while it sleeps.
+  slot::WaitPolicy p;
+  p.spin_ns = cfg_.spin_ns;
+  p.helper = on_worker_thread();
+  if (p.helper) p.slice_ns = 1000000;
   const bool own_only = tls_help_depth >= kMaxHelpDepth;
-  int64_t spin_end = start + cfg_.spin_ns;
-  uint32_t w = s->state.load(std::memory_order_acquire);
-  unsigned polls = 0;
-  while (gen_of(w) == gen && state_of(w) == kPending) {
-    // Between clock reads, poll the word only: completion is seen sooner.
-    if (++polls % kPollsPerClockRead != 0 && !helper) {
-      cpu_relax();
-      w = s->state.load(std::memory_order_acquire);
-      continue;
-    }
-    int64_t now = now_ns();
-    if (timeout_ns >= 0 && now - start >= timeout_ns)
-      return set_error(CHI_ERR_TIMEOUT, "task not finished within %lld ns", (long long)timeout_ns);
-    if (helper) {
-      // A worker waiting on a task helps run the queue, so a pool whose every
-      // worker waits on nested tasks still makes progress.
-      QueuedTask task;
-      if (pop_task(&task, own_only)) {
-        ++tls_help_depth;
-        run_task(task);
-        --tls_help_depth;
-        w = s->state.load(std::memory_order_acquire);
-        continue;
-      }
-    }
-    if (now < spin_end) {
-      cpu_relax();
-      w = s->state.load(std::memory_order_acquire);
-      continue;
-    }
-    // Sleep on the slot word; the worker wakes sleepers when it sees kSleeper.
-    uint32_t want = w | kSleeper;
-    if (w != want && !s->state.compare_exchange_strong(w, want, std::memory_order_acq_rel,
-                                                       std::memory_order_acquire))
-      continue;
-    int64_t left = -1;
-    if (timeout_ns >= 0) left = timeout_ns - (now_ns() - start);
-    if (helper && (left < 0 || left > 1000000)) left = 1000000;  // re-check the queue every ms
-    if (left != 0) futex_wait(&s->state, want, left);
-    w = s->state.load(std::memory_order_acquire);
-  }
-  if (gen_of(w) != gen || state_of(w) != kDone)
+  auto help = [&] {
+    QueuedTask task;
+    if (!p.helper || !pop_task(&task, own_only)) return false;
+    ++tls_help_depth;
+    run_task(task);
+    --tls_help_depth;
+    return true;
+  };
+  uint32_t w = 0;
+  if (slot::wait(s->state, gen, timeout_ns, p, [] { return false; }, help, [] { return true; }, &w) != CHI_OK)
+    return set_error(CHI_ERR_TIMEOUT, "task not finished within %lld ns", (long long)timeout_ns);
+  if (w != slot::word(gen, slot::kDone))
     return set_error(CHI_ERR_INVALID, "stale future: already waited on or released");
   size_t size = s->output_size;
   if (output && output_capacity < size) {
@@ -533,9 +467,7 @@ chi_status_t CpuExecutor::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, 
     return set_error(CHI_ERR_TOO_LARGE, "output of %zu bytes does not fit a %zu-byte buffer", size,
                      output_capacity);
   }
-  // Claim: of several threads waiting on one future, exactly one consumes it.
-  if (!s->state.compare_exchange_strong(w, make_state(gen, kClaimed), std::memory_order_acquire))
-    return set_error(CHI_ERR_INVALID, "stale future: consumed by another thread");
+  if (!slot::claim(s->state, w)) return set_error(CHI_ERR_INVALID, "stale future: consumed by another thread");
   chi_status_t status = s->status;
   if (output && size) std::memcpy(output, output_of(slot), size);
   if (output_size) *output_size = size;
@@ -546,31 +478,22 @@ chi_status_t CpuExecutor::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, 
 
 chi_status_t CpuExecutor::test(uint32_t slot, uint32_t gen, int *done) {
   if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
-  *done = state_of(slot_at(slot)->state.load(std::memory_order_acquire)) == kDone;
+  *done = slot::state_of(slot_at(slot)->state.load(std::memory_order_acquire)) == slot::kDone;
   return CHI_OK;
 }
 
 chi_status_t CpuExecutor::release(uint32_t slot, uint32_t gen) {
   if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
-  Slot *s = slot_at(slot);
-  uint32_t w = s->state.load(std::memory_order_acquire);
-  for (;;) {
-    if (gen_of(w) != gen) break;
-    uint32_t st = state_of(w);
-    if (st == kPending) {
-      // The worker frees an orphan when it finishes.
-      if (s->state.compare_exchange_weak(w, make_state(gen, kOrphan), std::memory_order_acq_rel))
-        return CHI_OK;
-    } else if (st == kDone) {
-      if (s->state.compare_exchange_weak(w, make_state(gen, kClaimed), std::memory_order_acq_rel)) {
-        free_slot(slot);
-        return CHI_OK;
-      }
-    } else {
-      break;
-    }
+  // An orphan is freed by the worker when it finishes.
+  switch (slot::orphan(slot_at(slot)->state, gen)) {
+    case slot::kOrphan:
+      return CHI_OK;
+    case slot::kClaimed:
+      free_slot(slot);
+      return CHI_OK;
+    default:
+      return set_error(CHI_ERR_INVALID, "stale future: already waited on or released");
   }
-  return set_error(CHI_ERR_INVALID, "stale future: already waited on or released");
 }
 
 }  // namespace chi

@@ -2,7 +2,7 @@
 
 #include <mutex>
 
-#include "api/error.h"
+#include "base/error.h"
 
 namespace chi {
 

@@ -3,7 +3,7 @@
 #include <bitset>
 #include <cstring>
 
-#include "api/error.h"
+#include "base/error.h"
 
 namespace chi {
 

@@ -8,9 +8,9 @@
 #include <mutex>
 #include <thread>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "core/futex.h"
-#include "core/log.h"
+#include "base/log.h"
 
 namespace chi {
 

@@ -60,20 +60,7 @@ class Runtime {
 }  // namespace chi
 
 namespace chi {
-class Client;
-class Server;
 // Tags of live runtimes (see runtime.cpp): futures carry their runtime's tag.
 uint32_t acquire_tag();
 void release_tag(uint32_t tag);
 }  // namespace chi
-
-// The handle behind chi_runtime_t: an embedded engine, or a client of a
-// server (exactly one of the two is set).
-struct chi_runtime {
-  uint64_t magic;
-  chi::Runtime *engine;
-  chi::Client *client;
-  // Servers started on this runtime (chi_server_start), stopped by chi_finalize.
-  std::mutex servers_mu;
-  std::vector<chi::Server *> servers;
-};

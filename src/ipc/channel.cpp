@@ -12,8 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "api/error.h"
-#include "core/log.h"
+#include "base/error.h"
+#include "base/log.h"
 
 namespace chi::ipc {
 
@@ -122,9 +122,9 @@ std::string version_text(uint32_t v) {
   return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
 }
 
-bool send_msg(int sock, Op op, uint16_t flags, int32_t status, const void *payload, uint32_t length,
+bool send_msg(int sock, Kind kind, Op op, uint32_t flags, int32_t status, const void *payload, uint32_t length,
               const int *fds, int nfds) {
-  MsgHeader h{kMsgMagic, uint16_t(op), flags, length, status};
+  MsgHeader h{kMsgMagic, uint16_t(kind), uint16_t(op), flags, length, status};
   iovec iov[2] = {{&h, sizeof h}, {const_cast<void *>(payload), length}};
   msghdr m{};
   m.msg_iov = iov;
@@ -209,7 +209,8 @@ chi_status_t recv_msg(int sock, MsgHeader *hdr, void *payload, uint32_t capacity
                       int *fds) {
   if (fds) fds[0] = fds[1] = -1;
   if (chi_status_t s = read_full(sock, hdr, sizeof *hdr, timeout_ms, fds); s != CHI_OK) return s;
-  if (hdr->magic != kMsgMagic || hdr->length > kMaxMsgPayload || hdr->length > capacity)
+  if (hdr->magic != kMsgMagic || hdr->kind < kFirstKind || hdr->kind > kLastKind ||
+      hdr->length > kMaxMsgPayload || hdr->length > capacity)
     return CHI_ERR_PROTOCOL;
   if (hdr->length)
     if (chi_status_t s = read_full(sock, payload, hdr->length, timeout_ms, fds); s != CHI_OK)

@@ -34,12 +34,13 @@ chi_status_t lock_endpoint(const std::string &lock_path, const std::string &show
 // "MAJOR.MINOR.PATCH" of a CHI_VERSION_NUMBER-style number (messages).
 std::string version_text(uint32_t version);
 
-// Sends one message whole, with nfds (<= 2) descriptors; false if the peer is gone.
-bool send_msg(int sock, Op op, uint16_t flags, int32_t status, const void *payload,
+// Sends one message whole, with nfds (<= 2) descriptors; false if the peer is
+// gone (or stays full for a second).  op and flags: a kControl's request.
+bool send_msg(int sock, Kind kind, Op op, uint32_t flags, int32_t status, const void *payload,
               uint32_t length, const int *fds = nullptr, int nfds = 0);
 
-// Receives one message within timeout_ms (< 0: no bound).  Checks the magic
-// and the length (<= capacity).  fds (when given) receive up to 2 passed
+// Receives one message within timeout_ms (< 0: no bound).  Checks the magic,
+// the kind and the length (<= capacity).  fds (when given) receive up to 2 passed
 // descriptors, -1 where none came; extra descriptors are closed.
 // Returns CHI_OK, CHI_ERR_TIMEOUT, CHI_ERR_DISCONNECTED (EOF or error) or
 // CHI_ERR_PROTOCOL (bad header or oversized payload).

@@ -9,7 +9,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "api/error.h"
+#include "base/error.h"
 
 namespace chi::ipc {
 

@@ -26,7 +26,7 @@ uint64_t get64(const uint8_t *p) { return uint64_t(get32(p)) | (uint64_t(get32(p
 
 void encode_frame(const Frame &f, uint8_t *out) {
   put32(out, kFrameMagic);
-  put16(out + 4, kFrameVersion);
+  put16(out + 4, uint16_t(kProtocolVersion));
   put16(out + 6, uint16_t(f.kind));
   put64(out + 8, f.id);
   put32(out + 16, f.method);
@@ -69,12 +69,12 @@ chi_status_t decode_next_frame(const void *data, size_t length, Frame *f, size_t
     return CHI_ERR_PROTOCOL;
   }
   uint16_t version = get16(p + 4);
-  if (version != kFrameVersion) {
-    *why = "frame version " + std::to_string(version) + ", this side speaks " + std::to_string(kFrameVersion);
+  if (version != kProtocolVersion) {
+    *why = "frame of protocol " + std::to_string(version) + ", this side speaks " + std::to_string(kProtocolVersion);
     return CHI_ERR_PROTOCOL;
   }
   uint16_t kind = get16(p + 6);
-  if (kind < uint16_t(Kind::kHello) || kind > uint16_t(Kind::kGone)) {
+  if (kind < kFirstKind || kind > kLastKind) {
     *why = "unknown frame kind " + std::to_string(kind);
     return CHI_ERR_PROTOCOL;
   }

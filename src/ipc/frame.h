@@ -10,6 +10,7 @@
 #include <string>
 
 #include "chimaera.h"
+#include "ipc/wire.h"
 
 // Hello, Welcome, MethodReply and chi_stats_t travel as their in-memory
 // bytes: fixed-width fields, natural alignment, little-endian on every
@@ -20,22 +21,10 @@ static_assert(sizeof(void *) == 8, "the wire format assumes an LP64 host");
 namespace chi::ipc {
 
 constexpr uint32_t kFrameMagic = 0x46494843u;  // "CHIF"
-constexpr uint16_t kFrameVersion = 1;
 constexpr size_t kFrameHeader = 32;
 // The largest payload any frame may carry: a task input or output of the
 // largest max_inline_payload (1 MiB), or a control reply (64 KiB).
 constexpr uint32_t kMaxFramePayload = 1u << 20;
-
-enum class Kind : uint16_t {
-  kHello = 1,         // client -> server: Hello (wire.h)
-  kWelcome = 2,       // server -> client: Welcome, or a refusal (status, message after it)
-  kSubmit = 3,        // client -> server: id, method, route, input
-  kResult = 4,        // server -> client: id, status, output
-  kControl = 5,       // client -> server: id, method = Op, route = flags, payload
-  kControlReply = 6,  // server -> client: id, status, payload
-  kBye = 7,           // client -> server: the client runtime is finalizing
-  kGone = 8,          // server -> client: the server stops; nothing more will come
-};
 
 struct Frame {
   Kind kind = Kind::kHello;

@@ -1,38 +1,59 @@
-// Messages of the session socket (a Unix stream socket): the handshake and
-// the control requests (lookups, stats, status, ping, stop).  Tasks never
-// travel here: they go through the shared segment (ipc/segment.h).  Both
-// ends run on one host, so fields are in host byte order.
+// The messages of both channels: their types, the protocol version, the
+// handshake's payloads, and the header of the shm:// session socket (a Unix
+// stream socket: the handshake and control requests; both ends run on one
+// host, so its fields are in host byte order).  ZeroMQ frames: frame.h.
 #pragma once
 
 #include <cstdint>
 
 namespace chi::ipc {
 
-// Bumped on any change of this file or of segment.h.
-constexpr uint32_t kProtocolVersion = 2;  // 2: ZeroMQ messages may batch frames
+// One protocol version for both channels.  The rule: bump it with any change
+// to bytes that a peer reads (this file's structs and enums, the segment's
+// layout and state values in segment.h, the frame header in frame.h), and say
+// in a word here what changed.  Peers refuse each other's hello/welcome unless
+// the versions are equal (ipc/handshake.h), with a message naming both.
+// 2: ZeroMQ messages may batch frames; 3: one message-type enum for both
+// channels, the frame header carries this version.
+constexpr uint32_t kProtocolVersion = 3;
 constexpr uint32_t kMsgMagic = 0x4D494843u;  // "CHIM"
 constexpr uint32_t kMaxMsgPayload = 64 * 1024;
 
-enum class Op : uint16_t {
-  kHello = 1,    // client -> server: Hello
-  kWelcome = 2,  // server -> client: Welcome (+ segment fd), or a refusal
-  kLookup = 3,   // name -> MethodReply
-  kMethodLimit = 4,  // -> MethodReply (one past the largest method id)
-  kStats = 5,    // -> chi_stats_t
-  kStatus = 6,   // flags 1: JSON; -> text
-  kPing = 7,     // -> empty
-  kStop = 8,     // -> empty; the server then stops
-  kReply = 9,    // generic reply op (status in the header)
+// The type of every message, on the session socket (MsgHeader.kind) and in
+// ZeroMQ frames (Frame.kind) alike.  The session socket carries the hello,
+// the welcome and control requests; tasks go through the shared segment.
+enum class Kind : uint16_t {
+  kHello = 1,         // client -> server: Hello
+  kWelcome = 2,       // server -> client: Welcome (+ segment and doorbell fds), or a refusal
+  kSubmit = 3,        // client -> server (ZeroMQ): id, method, route, input
+  kResult = 4,        // server -> client (ZeroMQ): id, status, output
+  kControl = 5,       // client -> server: an Op and its payload
+  kControlReply = 6,  // server -> client: status, payload (a failure's message text)
+  kBye = 7,           // client -> server (ZeroMQ): the client runtime is finalizing
+  kGone = 8,          // server -> client (ZeroMQ): the server stops; nothing more will come
 };
+constexpr uint16_t kFirstKind = 1, kLastKind = 8;
+
+// What a control message asks.
+enum class Op : uint16_t {
+  kLookup = 3,       // name -> MethodReply
+  kMethodLimit = 4,  // -> MethodReply (one past the largest method id)
+  kStats = 5,        // -> chi_stats_t
+  kStatus = 6,       // flags kStatusJson: JSON; -> text
+  kPing = 7,         // -> empty
+  kStop = 8,         // -> empty; the server then stops
+};
+constexpr uint32_t kStatusJson = 1;
 
 struct MsgHeader {
   uint32_t magic;
-  uint16_t op;
-  uint16_t flags;
+  uint16_t kind;    // Kind
+  uint16_t op;      // kControl: the Op
+  uint32_t flags;   // kControl: the Op's flags
   uint32_t length;  // payload bytes after the header, <= kMaxMsgPayload
   int32_t status;   // replies: CHI_OK or the failure (payload: message text)
 };
-static_assert(sizeof(MsgHeader) == 16, "fixed header");
+static_assert(sizeof(MsgHeader) == 20, "fixed header");
 
 enum : uint32_t { kSessionTasks = 1, kSessionControl = 2 };
 

@@ -13,12 +13,13 @@
 #include <algorithm>
 #include <cstring>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "core/futex.h"
-#include "core/log.h"
+#include "base/log.h"
 #include "core/runtime.h"
 #include "server/session.h"
 #include "server/zmq_listener.h"
+#include "ipc/handshake.h"
 
 namespace chi {
 
@@ -40,8 +41,6 @@ void drain_fd(int fd) {
   while (read(fd, &v, sizeof v) > 0) {
   }
 }
-
-bool same_major_minor(uint32_t a, uint32_t b) { return a / 100 == b / 100; }
 
 
 }  // namespace
@@ -338,12 +337,8 @@ void Server::expire_pending() {
 
 void Server::handshake(int fd) {
   auto refuse = [&](chi_status_t st, const std::string &msg) {
-    ipc::Welcome w{};
-    w.protocol = ipc::kProtocolVersion;
-    w.library_version = CHI_VERSION_NUMBER;
-    std::string body(reinterpret_cast<const char *>(&w), sizeof w);
-    body += msg;
-    ipc::send_msg(fd, ipc::Op::kWelcome, 0, st, body.data(), uint32_t(body.size()));
+    const std::string body = ipc::refusal_body(msg);
+    ipc::send_msg(fd, ipc::Kind::kWelcome, ipc::Op(0), 0, st, body.data(), uint32_t(body.size()));
     log(LogLevel::kWarn, "refused a client: %s", msg.c_str());
     close(fd);
   };
@@ -357,27 +352,19 @@ void Server::handshake(int fd) {
   ipc::Hello hello{};
   char buf[256];
   chi_status_t rs = ipc::recv_msg(fd, &h, buf, sizeof buf, kMessageRestMs);
-  if (rs != CHI_OK || h.op != uint16_t(ipc::Op::kHello) || h.length < sizeof hello) {
+  if (rs != CHI_OK || h.kind != uint16_t(ipc::Kind::kHello)) {
     if (rs == CHI_OK || rs == CHI_ERR_PROTOCOL)
       refuse(CHI_ERR_PROTOCOL, "expected a chimaera hello message");
     else
       close(fd);
     return;
   }
-  std::memcpy(&hello, buf, sizeof hello);
   if (cred.uid != geteuid())
     return refuse(CHI_ERR_PERMISSION, "uid " + std::to_string(cred.uid) +
                                           " may not connect: this server admits its own user (uid " +
                                           std::to_string(geteuid()) + ")");
-  if (hello.protocol != ipc::kProtocolVersion ||
-      !same_major_minor(hello.library_version, CHI_VERSION_NUMBER))
-    return refuse(CHI_ERR_PROTOCOL, "version mismatch: client library " +
-                                        ipc::version_text(hello.library_version) + " protocol " +
-                                        std::to_string(hello.protocol) + ", server library " +
-                                        ipc::version_text(CHI_VERSION_NUMBER) + " protocol " +
-                                        std::to_string(ipc::kProtocolVersion));
-  if (hello.kind != ipc::kSessionTasks && hello.kind != ipc::kSessionControl)
-    return refuse(CHI_ERR_PROTOCOL, "unknown session kind " + std::to_string(hello.kind));
+  std::string why;
+  if (ipc::check_hello(buf, h.length, &hello, &why) != CHI_OK) return refuse(CHI_ERR_PROTOCOL, why);
   if (stopping_.load(std::memory_order_acquire))
     return refuse(CHI_ERR_SHUTDOWN, "the server is stopping");
   const ServerConfig &sc = rt_.config().server;
@@ -408,7 +395,7 @@ void Server::handshake(int fd) {
     nfds = 2;
     s->stats = &rt_.stats(CHI_STATS_CLIENT);
   }
-  if (!ipc::send_msg(fd, ipc::Op::kWelcome, 0, CHI_OK, &w, sizeof w, fds, nfds)) return;
+  if (!ipc::send_msg(fd, ipc::Kind::kWelcome, ipc::Op(0), 0, CHI_OK, &w, sizeof w, fds, nfds)) return;
   Session *raw = s.release();
   epoll_event ev{};
   ev.events = EPOLLIN | EPOLLRDHUP;
@@ -445,9 +432,14 @@ void Server::serve_request(Session *s) {
   if (rs == CHI_ERR_DISCONNECTED) return detach(s, "connection closed");
   if (rs != CHI_OK) return detach(s, "malformed control message");
   auto reply = [&](chi_status_t st, const void *p, size_t n) {
-    ipc::send_msg(s->sock(), ipc::Op::kReply, 0, st, p, uint32_t(std::min<size_t>(n, ipc::kMaxMsgPayload)));
+    ipc::send_msg(s->sock(), ipc::Kind::kControlReply, ipc::Op(0), 0, st, p,
+                  uint32_t(std::min<size_t>(n, ipc::kMaxMsgPayload)));
   };
   auto reply_error = [&](chi_status_t st, const std::string &msg) { reply(st, msg.data(), msg.size()); };
+  if (h.kind != uint16_t(ipc::Kind::kControl)) {
+    reply_error(CHI_ERR_PROTOCOL, "unexpected message kind " + std::to_string(h.kind));
+    return detach(s, "unexpected message kind");
+  }
   switch (ipc::Op(h.op)) {
     case ipc::Op::kLookup: {
       buf[h.length] = 0;
@@ -468,7 +460,7 @@ void Server::serve_request(Session *s) {
       return reply(CHI_OK, &st, sizeof st);
     }
     case ipc::Op::kStatus: {
-      std::string text = status_text(h.flags & 1);
+      std::string text = status_text(h.flags & ipc::kStatusJson);
       return reply(CHI_OK, text.data(), text.size());
     }
     case ipc::Op::kPing:

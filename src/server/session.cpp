@@ -9,10 +9,11 @@
 #include <mutex>
 #include <vector>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "core/futex.h"
-#include "core/log.h"
+#include "base/log.h"
 #include "core/runtime.h"
+#include "ipc/ring.h"
 #include "ipc/wire.h"
 
 namespace chi {
@@ -61,27 +62,15 @@ void Session::kill(const char *why) {
   dead_.store(true, std::memory_order_release);
 }
 
-bool Session::ring_ready() const {
-  return seg_.ring()[head_ & (seg_.layout.nslots - 1)].seq.load(std::memory_order_acquire) ==
-         head_ + 1;
-}
+bool Session::ring_ready() const { return ipc::ring_ready(seg_, head_); }
 
 void Session::finish(uint32_t slot, uint32_t gen, chi_status_t status, const void *output,
                      size_t size) {
-  ipc::SlotHeader *h = seg_.slot(slot);
-  if (size > seg_.layout.max_payload) {  // a handler broke its contract; never overflow
-    status = CHI_ERR_INTERNAL;
-    size = 0;
-  }
-  if (size && output != seg_.output(slot)) std::memcpy(seg_.output(slot), output, size);
-  h->status = status;
-  h->output_size = uint32_t(size);
   const int64_t taken = taken_ns_[slot];
   // Free for the poller before the client can see the result and queue the
   // slot again (else an honest re-queue would look like a violation).
   busy_[slot].store(0, std::memory_order_release);
-  uint32_t old = h->state.exchange(ipc::slot_word(gen, ipc::kSlotDone), std::memory_order_acq_rel);
-  if (old & ipc::kSlotSleeper) futex_wake_shared(&h->state);
+  ipc::publish_result(seg_, slot, gen, status, output, size);
   if (stats) stats->finished(status, now_ns() - taken);
   finished_.fetch_add(1, std::memory_order_relaxed);
   // Last: once in_flight reaches 0 a dead session may be unmapped.
@@ -97,7 +86,7 @@ void Session::fail_task(uint32_t slot, uint32_t gen, chi_status_t status) {
 }
 
 unsigned Session::poll(Runtime &rt, unsigned budget, uint32_t max_in_flight, bool refuse) {
-  const uint32_t n = seg_.layout.nslots, mask = n - 1;
+  const uint32_t n = seg_.layout.nslots;
   unsigned taken = 0;
   const bool inline_builtins = rt.config().server.inline_builtins;
   // The input of a task run here, out of the client's reach (one per poller thread).
@@ -106,12 +95,10 @@ unsigned Session::poll(Runtime &rt, unsigned budget, uint32_t max_in_flight, boo
   unsigned char *const scratch = t_scratch.data();
   char why[160];
   while (taken < budget && !dead()) {
-    ipc::RingCell &cell = seg_.ring()[head_ & mask];
-    uint32_t seq = cell.seq.load(std::memory_order_acquire);
-    if (seq != head_ + 1) break;  // nothing queued (or a producer mid-write)
+    uint32_t slot;
+    if (!ipc::ring_peek(seg_, head_, &slot)) break;  // nothing queued (or a producer mid-write)
     if (!refuse && in_flight_.load(std::memory_order_relaxed) >= max_in_flight) break;
     // Copy, then check: the client may rewrite any of these at any time.
-    const uint32_t slot = cell.slot;
     if (slot >= n) {
       snprintf(why, sizeof why, "ring cell names slot %u of %u", slot, n);
       kill(why);
@@ -122,11 +109,9 @@ unsigned Session::poll(Runtime &rt, unsigned budget, uint32_t max_in_flight, boo
       kill(why);
       break;
     }
-    ipc::SlotHeader *h = seg_.slot(slot);
-    const uint32_t word = h->state.load(std::memory_order_acquire);
-    const uint32_t method = h->method;
-    const int32_t route = h->route;
-    const uint32_t input_size = h->input_size;
+    const ipc::TaskRecord rec = ipc::read_task(seg_, slot);
+    const uint32_t word = rec.word, method = rec.method, input_size = rec.input_size;
+    const int32_t route = rec.route;
     if (ipc::slot_state(word) != ipc::kSlotSubmitted) {
       snprintf(why, sizeof why, "slot %u queued in state %u (torn record)", slot,
                ipc::slot_state(word));
@@ -149,8 +134,7 @@ unsigned Session::poll(Runtime &rt, unsigned budget, uint32_t max_in_flight, boo
       // output goes straight into the client's slot, which the client reads
       // only after the state says done.
       std::memcpy(scratch, seg_.input(slot), input_size);
-      cell.seq.store(head_ + n, std::memory_order_release);
-      ++head_;
+      ipc::ring_pop(seg_, &head_);
       ++taken;
       submitted_.fetch_add(1, std::memory_order_relaxed);
       if (stats) stats->submitted();
@@ -185,8 +169,7 @@ unsigned Session::poll(Runtime &rt, unsigned budget, uint32_t max_in_flight, boo
       break;
     }
     // Taken: hand the cell back to the client's producers.
-    cell.seq.store(head_ + n, std::memory_order_release);
-    ++head_;
+    ipc::ring_pop(seg_, &head_);
     ++taken;
     submitted_.fetch_add(1, std::memory_order_relaxed);
     if (stats) stats->submitted();

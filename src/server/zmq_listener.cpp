@@ -11,13 +11,14 @@
 #include <algorithm>
 #include <cstring>
 
-#include "api/error.h"
+#include "base/error.h"
 #include "core/futex.h"
-#include "core/log.h"
+#include "base/log.h"
 #include "core/runtime.h"
 #include "ipc/channel.h"
 #include "ipc/curve.h"
 #include "ipc/frame.h"
+#include "ipc/handshake.h"
 #include "ipc/zmq_events.h"
 #include "ipc/wire.h"
 
@@ -399,21 +400,13 @@ void ZmqListener::handle_hello(const std::string &identity, int fd, uint64_t id,
   w.protocol = ipc::kProtocolVersion;
   w.library_version = CHI_VERSION_NUMBER;
   auto refuse = [&](chi_status_t st, const std::string &msg) {
-    std::string body(reinterpret_cast<const char *>(&w), sizeof w);
-    body += msg;
+    const std::string body = ipc::refusal_body(msg);
     reply(identity, int(ipc::Kind::kWelcome), id, st, body.data(), body.size());
     log(LogLevel::kWarn, "%s: refused a client: %s", address_.c_str(), msg.c_str());
   };
   ipc::Hello hello{};
-  if (n < sizeof hello) return refuse(CHI_ERR_PROTOCOL, "short hello");
-  std::memcpy(&hello, p, sizeof hello);
-  if (hello.protocol != ipc::kProtocolVersion || hello.library_version / 100 != CHI_VERSION_NUMBER / 100)
-    return refuse(CHI_ERR_PROTOCOL, "version mismatch: client library " + ipc::version_text(hello.library_version) +
-                                        " protocol " + std::to_string(hello.protocol) + ", server library " +
-                                        ipc::version_text(CHI_VERSION_NUMBER) + " protocol " +
-                                        std::to_string(ipc::kProtocolVersion));
-  if (hello.kind != ipc::kSessionTasks && hello.kind != ipc::kSessionControl)
-    return refuse(CHI_ERR_PROTOCOL, "unknown session kind");
+  std::string why;
+  if (ipc::check_hello(p, n, &hello, &why) != CHI_OK) return refuse(CHI_ERR_PROTOCOL, why);
   if (address_.compare(0, 6, "ipc://") == 0 && fd >= 0) {
     ucred cred{};
     socklen_t len = sizeof cred;

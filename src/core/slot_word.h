@@ -1,0 +1,189 @@
+// The state word of a task slot behind a future, and the steps that move it:
+// one state machine for the CPU pool's slots, a ZeroMQ client's slots and a
+// shared-memory client's private words (whose "done" lives in the segment).
+//
+//   word = generation (24 bits) << 8 | state (low 7 bits) | kSleeper
+//
+//   free --begin--> pending --publish--> done --claim--> claimed --free--> free
+//                      |                   |
+//                      +--orphan--> orphan +--orphan (release of a done task)--> claimed
+//                                     |
+//                                     +--publish: the completer frees it
+//
+// One 32-bit word, so that a waiter can futex-sleep on it directly.  Pending
+// and done have the values of the shared segment's kSlotSubmitted/kSlotDone
+// (ipc/segment.h), so one wait serves both.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "chimaera.h"
+#include "core/executor.h"
+#include "core/futex.h"
+
+namespace chi::slot {
+
+enum : uint32_t {
+  kFree = 0,
+  kPending = 1,  // queued or running
+  kDone = 2,     // the result is in the slot
+  kOrphan = 3,   // released before done: the completer frees it
+  kClaimed = 4,  // a waiter or chi_release is taking the result
+  kRemote = 5,   // CPU pool: a client process's task, no future names it
+  kStateMask = 0x7F,
+  kSleeper = 0x80,  // a waiter sleeps on the word: whoever changes it wakes it
+};
+inline uint32_t word(uint32_t gen, uint32_t st) { return (gen << 8) | st; }
+inline uint32_t gen_of(uint32_t w) { return w >> 8; }
+inline uint32_t state_of(uint32_t w) { return w & kStateMask; }
+
+// Futures of a slot's current generation may use it while it is pending or done.
+inline bool live(uint32_t w, uint32_t gen) {
+  return gen_of(w) == gen && (state_of(w) == kPending || state_of(w) == kDone);
+}
+
+// Takes a free slot for a new task: the next generation, in state st.
+inline uint32_t begin(std::atomic<uint32_t> &s, uint32_t st = kPending) {
+  const uint32_t gen = (gen_of(s.load(std::memory_order_relaxed)) + 1) & kGenMask;
+  s.store(word(gen, st), std::memory_order_release);
+  return gen;
+}
+
+// The generation stays, so that every future of the slot is now stale.
+inline void set_free(std::atomic<uint32_t> &s) {
+  s.store(word(gen_of(s.load(std::memory_order_relaxed)), kFree), std::memory_order_release);
+}
+
+inline void wake(std::atomic<uint32_t> &s, bool shared) {
+  if (shared)
+    futex_wake_shared(&s);
+  else
+    futex_wake(&s);
+}
+
+// The completer's step, after it wrote the result: pending -> done.  Returns
+// kDone, or kOrphan (released meanwhile: the caller frees the slot), or kFree
+// when the word holds no pending task of `gen` (a stale result: ignored).
+// Wakes a sleeper either way.
+inline uint32_t publish(std::atomic<uint32_t> &s, uint32_t gen, bool shared = false) {
+  uint32_t cur = s.load(std::memory_order_relaxed);
+  for (;;) {
+    if (gen_of(cur) != gen) return kFree;
+    const uint32_t st = state_of(cur);
+    if (st == kOrphan) {
+      if (cur & kSleeper) wake(s, shared);  // a waiter raced with chi_release
+      return kOrphan;
+    }
+    if (st != kPending) return kFree;
+    // Release: the waiter that sees kDone sees the output and status.
+    if (s.compare_exchange_weak(cur, word(gen, kDone), std::memory_order_acq_rel, std::memory_order_relaxed))
+      break;
+  }
+  if (cur & kSleeper) wake(s, shared);
+  return kDone;
+}
+
+// The waiter's step, from the word it saw finished (`seen`) to claimed: of
+// several threads waiting on one future, exactly one consumes it.
+inline bool claim(std::atomic<uint32_t> &s, uint32_t seen) {
+  return s.compare_exchange_strong(seen, word(gen_of(seen), kClaimed), std::memory_order_acq_rel);
+}
+
+// chi_release's step: pending -> orphan (returns kOrphan: the completer frees
+// the slot), done -> claimed (returns kClaimed: the caller frees it), or kFree
+// when no future of gen holds the slot.
+inline uint32_t orphan(std::atomic<uint32_t> &s, uint32_t gen) {
+  uint32_t w = s.load(std::memory_order_acquire);
+  while (gen_of(w) == gen) {
+    const uint32_t st = state_of(w);
+    if (st == kPending) {
+      if (s.compare_exchange_weak(w, word(gen, kOrphan) | (w & kSleeper), std::memory_order_acq_rel))
+        return kOrphan;
+    } else if (st == kDone) {
+      if (s.compare_exchange_weak(w, word(gen, kClaimed), std::memory_order_acq_rel)) return kClaimed;
+    } else {
+      break;
+    }
+  }
+  return kFree;
+}
+
+// What a wait does besides watching the word; every hook is called at most
+// once per clock read (kPollsPerClockRead polls of the word).
+//   gone():  cheap: the peer is known to be gone (the wait then ends with
+//            CHI_ERR_DISCONNECTED unless the result came just before);
+//   help():  a worker's nested wait runs a queued task; true when it did;
+//   alive(): may cost a system call: asked only before each sleep.
+struct WaitPolicy {
+  bool shared = false;    // the word lives in memory shared between processes
+  int64_t spin_ns = 0;    // spin this long before the first sleep
+  int64_t slice_ns = -1;  // sleep at most this long at a time (< 0: no bound)
+  bool helper = false;    // help() may run tasks: ask it at every poll
+};
+
+constexpr unsigned kPollsPerClockRead = 32;  // a clock read costs ~20-50 ns
+
+// Waits while `s` holds the pending task of gen: spins, then sets kSleeper and
+// sleeps on the word (whoever changes it wakes the sleeper).  *seen: the word
+// that ended the wait.  Returns CHI_OK (the task is no longer pending: done,
+// or released by another thread), CHI_ERR_TIMEOUT, or CHI_ERR_DISCONNECTED
+// (from gone()/alive()); sets no message.
+template <class Gone, class Help, class Alive>
+chi_status_t wait(std::atomic<uint32_t> &s, uint32_t gen, int64_t timeout_ns, const WaitPolicy &p, Gone gone,
+                  Help help, Alive alive, uint32_t *seen) {
+  const uint32_t pending = word(gen, kPending);
+  const int64_t start = now_ns();
+  const int64_t spin_end = start + p.spin_ns;
+  uint32_t w = s.load(std::memory_order_acquire);
+  unsigned polls = 0;
+  while ((w & ~kSleeper) == pending) {
+    // Between clock reads, poll the word only: completion is seen sooner.
+    if (++polls % kPollsPerClockRead != 0 && !p.helper) {
+      cpu_relax();
+      w = s.load(std::memory_order_acquire);
+      continue;
+    }
+    if (gone()) {
+      w = s.load(std::memory_order_acquire);  // the result may have come just before
+      if ((w & ~kSleeper) == pending) return CHI_ERR_DISCONNECTED;
+      break;
+    }
+    const int64_t now = now_ns();
+    if (timeout_ns >= 0 && now - start >= timeout_ns) return CHI_ERR_TIMEOUT;
+    if (help()) {
+      w = s.load(std::memory_order_acquire);
+      continue;
+    }
+    if (now < spin_end) {
+      cpu_relax();
+      w = s.load(std::memory_order_acquire);
+      continue;
+    }
+    if (!alive()) {
+      w = s.load(std::memory_order_acquire);
+      if ((w & ~kSleeper) == pending) return CHI_ERR_DISCONNECTED;
+      break;
+    }
+    const uint32_t want = w | kSleeper;
+    if (w != want && !s.compare_exchange_strong(w, want, std::memory_order_acq_rel, std::memory_order_acquire))
+      continue;
+    int64_t left = p.slice_ns;
+    if (timeout_ns >= 0) {
+      const int64_t rest = std::max<int64_t>(0, timeout_ns - (now_ns() - start));
+      left = left < 0 ? rest : std::min(left, rest);
+    }
+    if (left != 0) {
+      if (p.shared)
+        futex_wait_shared(&s, want, left < 0 ? -1 : left);
+      else
+        futex_wait(&s, want, left < 0 ? -1 : left);
+    }
+    w = s.load(std::memory_order_acquire);
+  }
+  *seen = w;
+  return CHI_OK;
+}
+
+}  // namespace chi::slot

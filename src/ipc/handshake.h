@@ -1,0 +1,32 @@
+// The handshake's checks, one place for both transports and both sides: the
+// server checks a Hello, a client checks the Welcome (or refusal) it got.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "chimaera.h"
+#include "ipc/wire.h"
+
+namespace chi::ipc {
+
+// "version mismatch: client library A protocol P, server library B protocol Q".
+std::string version_mismatch(const Hello &client, uint32_t server_protocol, uint32_t server_library);
+
+// Server: a hello's payload.  CHI_OK and *out, or CHI_ERR_PROTOCOL with *why
+// (short, other protocol or major.minor library version, unknown session kind).
+chi_status_t check_hello(const void *payload, size_t size, Hello *out, std::string *why);
+
+// Client: the answer to its hello (status and payload of the Welcome message)
+// for a session of `kind`.  CHI_OK and *w, or the refusal's status (its text
+// in the message), or CHI_ERR_PROTOCOL (short, other version, a task
+// session's shape out of range: slots not a power of two in 2..65536,
+// payload over kMaxFramePayload).  Sets the thread's message naming address.
+chi_status_t check_welcome(int32_t status, const void *payload, size_t size, uint32_t kind,
+                           const std::string &address, Welcome *w);
+
+// The refusal a server sends: a Welcome naming its versions, then the reason.
+std::string refusal_body(const std::string &why);
+
+}  // namespace chi::ipc
