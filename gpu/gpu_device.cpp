@@ -155,6 +155,7 @@ chi_status_t GpuDevice::allocate() {
   size_t d2h_state = dc.take(s.dslots * sizeof(uint32_t));
   size_t d2h_bitmap = dc.take(s.dslots / 8);
   size_t d2h_tail = dc.take(128);
+  size_t d2h_released = dc.take(128);
   size_t regions = dc.take(sizeof(chi_dev_regions_t));
   size_t stage = dc.take(CHI_DEV_MAX_REGIONS * sizeof(chi_dev_region_t));
   if (cudaError_t e = cudaMalloc(reinterpret_cast<void **>(&dev_), dc.size); e != cudaSuccess) {
@@ -187,10 +188,16 @@ chi_status_t GpuDevice::allocate() {
   l.regions = reinterpret_cast<chi_dev_regions_t *>(dev_ + regions);
   l.d2h_ring_entries = s.d2h_ring_entries;
   l.wait_spin_ns = s.wait_spin_ns;
+  l.flags = 0;
+  l.submit_timeout_us = s.submit_timeout_us;
+  l.d2h_released = reinterpret_cast<uint32_t *>(dev_ + d2h_released);
 
   chi_dev_orch_state_t os;
   std::memset(&os, 0, sizeof os);
-  std::memcpy(&os.ctx, &layout_, sizeof layout_);
+  // The orchestrator's copy (handlers get it as req->ctx) never waits for a slot.
+  chi_dev_ctx_layout_t orch_ctx = layout_;
+  orch_ctx.flags |= CHI_DEV_CTX_ORCHESTRATOR;
+  std::memcpy(&os.ctx, &orch_ctx, sizeof orch_ctx);
   os.abi = CHI_DEV_ABI_VERSION;
   os.nwarps = s.nwarps;
   os.h2d_pollers = s.h2d_pollers;
@@ -536,6 +543,25 @@ chi_status_t GpuDevice::upload_regions(const std::vector<Region> &snapshot) {
   if (e != cudaSuccess) return cuda_error(CHI_ERR_INTERNAL, id_, "updating the region table", e);
   region_count_ = n;
   return CHI_OK;
+}
+
+void GpuDevice::device_slots(uint64_t *in_use, uint64_t *total) {
+  std::lock_guard<std::mutex> lock(mu_);
+  *total += 2ull * shape_.dslots;
+  if (shut_ || broken_ || !dev_) return;
+  const size_t words = shape_.dslots / 32;
+  std::vector<uint32_t> bits(2 * words);
+  DeviceGuard guard(ordinal_);
+  cudaError_t e = cudaMemcpyAsync(bits.data(), layout_.d2d_bitmap, words * 4, cudaMemcpyDeviceToHost, ctl_stream_);
+  if (e == cudaSuccess)
+    e = cudaMemcpyAsync(bits.data() + words, layout_.d2h_bitmap, words * 4, cudaMemcpyDeviceToHost, ctl_stream_);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(ctl_stream_);
+  if (e != cudaSuccess) {
+    log(LogLevel::kWarn, "GPU %d: reading the device slot bitmaps: %s", id_, cudaGetErrorString(e));
+    (void)cudaGetLastError();
+    return;
+  }
+  for (uint32_t w : bits) *in_use += uint64_t(__builtin_popcount(w));
 }
 
 chi_status_t GpuDevice::shutdown() {

@@ -60,6 +60,9 @@ class GpuDevice {
   chi_status_t set_orchestrator(chi_gpu_launch_fn launch, const std::vector<int32_t> &dispatch);
   chi_status_t check_pointer(const void *ptr, size_t size);
   chi_status_t upload_regions(const std::vector<Region> &snapshot);
+  // Adds this GPU's device slots held now (bits set in both bitmaps, read
+  // back from device memory) and in all to *in_use and *total.
+  void device_slots(uint64_t *in_use, uint64_t *total);
   // Drains CPU->GPU tasks (bounded), stops kernel and pollers, frees memory.
   chi_status_t shutdown();
 

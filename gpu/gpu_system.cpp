@@ -115,6 +115,11 @@ class DeviceGpuSystem final : public GpuSystem {
     return each(-1, [&](GpuDevice &d) { return d.upload_regions(snap); });
   }
 
+  void device_slots(uint64_t *in_use, uint64_t *total) override {
+    *in_use = *total = 0;
+    for (auto &d : devs_) d->device_slots(in_use, total);
+  }
+
   chi_status_t shutdown() override {
     return each(-1, [](GpuDevice &d) { return d.shutdown(); });
   }

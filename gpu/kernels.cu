@@ -10,7 +10,8 @@ struct NoUserMethods {
   }
 };
 
-__global__ void builtin_orchestrator(const chi_dev_orch_state_t *state) {
+__global__ void __launch_bounds__(CHI_DEV_ORCH_MAX_WARPS_PER_BLOCK * CHI_WARP_SIZE, 1)
+    builtin_orchestrator(const chi_dev_orch_state_t *state) {
   chi_dev_detail::orchestrator_main<NoUserMethods>(state);
 }
 
@@ -37,7 +38,7 @@ chi_status_t launch_builtin(const chi_gpu_launch_t *launch) {
   builtin_orchestrator<<<launch->blocks, launch->threads_per_block, 0,
                          static_cast<cudaStream_t>(launch->stream)>>>(
       static_cast<const chi_dev_orch_state_t *>(launch->state));
-  return cudaGetLastError() == cudaSuccess ? CHI_OK : CHI_ERR_INTERNAL;
+  return chi_port_launch_ok() ? CHI_OK : CHI_ERR_INTERNAL;
 }
 
 // Querying a kernel loads it.  Both are loaded before the orchestrator starts:

@@ -59,8 +59,14 @@ Shape make_shape(const Config &cfg, int sm_count) {
         max_blocks, sm_count);
     s.blocks = max_blocks;
   }
-  s.threads = cfg.gpu.warps_per_block * warp;
-  s.nwarps = s.blocks * cfg.gpu.warps_per_block;
+  uint32_t wpb = cfg.gpu.warps_per_block;
+  if (wpb > CHI_DEV_ORCH_MAX_WARPS_PER_BLOCK) {
+    log(LogLevel::kWarn, "gpu.warps_per_block %u lowered to %u (the orchestrator kernel's largest block)",
+        wpb, CHI_DEV_ORCH_MAX_WARPS_PER_BLOCK);
+    wpb = CHI_DEV_ORCH_MAX_WARPS_PER_BLOCK;
+  }
+  s.threads = wpb * warp;
+  s.nwarps = s.blocks * wpb;
   // Half the warps poll the CPU->GPU ring, the rest run GPU->GPU tasks:
   // few polling warps, each covering more entries, spare the PCIe bus.
   s.h2d_pollers = s.nwarps == 1 ? 1 : floor_pow2(s.nwarps / 2);
@@ -73,6 +79,7 @@ Shape make_shape(const Config &cfg, int sm_count) {
   s.cpu_pollers = cpu_pollers();
   s.d2h_ring_entries = s.dslots * s.cpu_pollers;
   s.wait_spin_ns = wait_spin_ns();
+  s.submit_timeout_us = cfg.gpu.device_submit_timeout_us;
   s.max_payload = cfg.gpu.max_payload;
   s.lease_ns = uint64_t(cfg.gpu.lease_us) * 1000;
   uint64_t stride = (uint64_t(s.max_payload) + 63) & ~uint64_t(63);

@@ -337,6 +337,9 @@ typedef struct chi_stats {
   uint32_t reserved;
   uint64_t slots_in_use;   /* CPU task slots held (queued, running or unclaimed) */
   uint64_t slots_total;
+  uint64_t device_slots_in_use; /* GPU->GPU and GPU->CPU slots held by device futures, every GPU
+                                   (a released future's until its task ended and it was freed) */
+  uint64_t device_slots_total;  /* 2 x gpu.device_slots x GPUs */
 } chi_stats_t;
 
 /* Reads the runtime's counters.  In client mode they are the server's (one

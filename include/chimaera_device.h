@@ -23,15 +23,22 @@
  * chi_dev_warp_* variants.  Any subset of a warp's lanes may call a
  * per-thread function, diverged or not, each with its own task and future;
  * none uses a warp-collective operation, so lanes that do not call need not
- * participate.  Slots are per GPU and per route (gpu.device_slots each); when
- * every slot is in use chi_dev_submit returns CHI_ERR_AGAIN at once (it never
- * waits for a slot), so thousands of warps can call without deadlock: retry
- * after a back-off or after waiting for an earlier future.  The
- * chi_dev_warp_* variants are warp-collective and cheaper per task.
+ * participate.  Slots are per GPU and per route (gpu.device_slots each).
+ * When every slot of a route is in use, chi_dev_submit waits for one, up to
+ * gpu.device_submit_timeout_us (then CHI_ERR_AGAIN), as chi_submit does on
+ * the host; chi_dev_try_submit answers CHI_ERR_AGAIN at once instead.  A
+ * slot is freed when its future is consumed (chi_dev_wait) or released
+ * (chi_dev_release), so a grid far larger than the slots works as long as
+ * each thread waits for (or releases) what it submitted: a thread that
+ * holds futures while it waits for a slot may wait out the timeout.
+ * Handlers running in the orchestrator never wait for a slot (their context,
+ * req->ctx, makes every submit a try): they would wait for slots held by
+ * kernels that wait for that very orchestrator.  The chi_dev_warp_* variants
+ * are warp-collective and cheaper per task.
  *
- * Device futures must be consumed by chi_dev_wait on the same GPU (any
- * thread, any kernel); a future never waited for keeps its slot until
- * chi_finalize.  Host futures and device futures do not mix.
+ * Device futures must be consumed by chi_dev_wait or chi_dev_release on the
+ * same GPU (any thread, any kernel); a future never consumed keeps its slot
+ * until chi_finalize.  Host futures and device futures do not mix.
  *
  * The rest of the device code lives in headers of its own, included from
  * here at the point it is needed; none is meant to be included directly:
@@ -58,28 +65,10 @@
 
 #include "chimaera/device_protocol.h"
 
-/* Submits a task from device code.
- *   ctx         [in] this GPU's context (from chi_gpu_context, passed to the kernel).
- *   route       CHI_ROUTE_LOCAL / CHI_ROUTE_GPU_ANY / own GPU id (GPU->GPU) or CHI_ROUTE_CPU.
- *   method      a method id (chi_method_lookup on the host, or CHI_METHOD_*).
- *   input       [in] input_size bytes, copied before the call returns (may be
- *               NULL when input_size is 0).
- *   input_size  at most gpu.max_payload bytes.
- *   future      [out] for chi_dev_wait / chi_dev_test; 0 on any error.
- * Returns CHI_OK, CHI_ERR_INVALID (NULL future, bad context, method 0, NULL input
- * with a size, route to another GPU), CHI_ERR_TOO_LARGE (input_size over
- * gpu.max_payload), CHI_ERR_AGAIN (all slots of that route in use; nothing was
- * queued; returned at once, never after a wait), CHI_ERR_INTERNAL (run queue
- * broken).  An unknown method is not an error here: chi_dev_wait returns
- * CHI_ERR_NOT_FOUND.
- * Ownership: the future must be consumed by chi_dev_wait on this GPU;
- * otherwise its slot stays in use until chi_finalize.
- * Thread safety: any thread of any kernel on this GPU, concurrently, diverged
- * or not; handlers inside an orchestrator included. */
-CHI_DEVICE chi_status_t chi_dev_submit(const chi_dev_context_t *ctx, chi_route_t route,
-                                       chi_method_t method, const void *input,
-                                       uint32_t input_size, chi_future_t *future) {
-  using namespace chi_dev_detail;
+namespace chi_dev_detail {
+CHI_DEVICE chi_status_t submit_one(const chi_dev_context_t *ctx, chi_route_t route, chi_method_t method,
+                                   const void *input, uint32_t input_size, chi_future_t *future,
+                                   bool wait) {
   if (!future) return CHI_ERR_INVALID;
   *future = 0;
   uint32_t kind, slot, gen;
@@ -88,14 +77,50 @@ CHI_DEVICE chi_status_t chi_dev_submit(const chi_dev_context_t *ctx, chi_route_t
   const chi_dev_layout *l = layout(ctx);
   uint64_t t;
   if (kind == kKindLocal) {
-    if ((s = local_prepare(l, method, input, input_size, &slot, &gen, &t)) != CHI_OK) return s;
+    if ((s = local_prepare(l, method, input, input_size, &slot, &gen, wait, &t)) != CHI_OK) return s;
     if (!queue_push_at(l, t, slot)) return CHI_ERR_INTERNAL;
   } else {
-    if ((s = cpu_prepare(l, input, input_size, &slot, &gen, &t)) != CHI_OK) return s;
+    if ((s = cpu_prepare(l, input, input_size, &slot, &gen, wait, &t)) != CHI_OK) return s;
     cpu_publish(l, t, method, input, input_size, slot, gen);
   }
   *future = make_future(kind, gen, slot);
   return CHI_OK;
+}
+}  // namespace chi_dev_detail
+
+/* Submits a task from device code, waiting for a free slot if need be.
+ *   ctx         [in] this GPU's context (from chi_gpu_context, passed to the kernel).
+ *   route       CHI_ROUTE_LOCAL / CHI_ROUTE_GPU_ANY / own GPU id (GPU->GPU) or CHI_ROUTE_CPU.
+ *   method      a method id (chi_method_lookup on the host, or CHI_METHOD_*).
+ *   input       [in] input_size bytes, copied before the call returns (may be
+ *               NULL when input_size is 0).
+ *   input_size  at most gpu.max_payload bytes.
+ *   future      [out] for chi_dev_wait / chi_dev_test / chi_dev_release; 0 on any error.
+ * When every slot of the route is in use, waits until one is freed, at most
+ * gpu.device_submit_timeout_us (default 1 s; 0: never waits); a handler in
+ * the orchestrator (req->ctx) never waits (see above).
+ * Returns CHI_OK, CHI_ERR_INVALID (NULL future, bad context, method 0, NULL input
+ * with a size, route to another GPU), CHI_ERR_TOO_LARGE (input_size over
+ * gpu.max_payload), CHI_ERR_AGAIN (no slot freed within the timeout; nothing
+ * was queued), CHI_ERR_INTERNAL (run queue broken).  An unknown method is not
+ * an error here: chi_dev_wait returns CHI_ERR_NOT_FOUND.
+ * Ownership: the future must be consumed by chi_dev_wait or chi_dev_release
+ * on this GPU; otherwise its slot stays in use until chi_finalize.
+ * Thread safety: any thread of any kernel on this GPU, concurrently, diverged
+ * or not; handlers inside an orchestrator included. */
+CHI_DEVICE chi_status_t chi_dev_submit(const chi_dev_context_t *ctx, chi_route_t route,
+                                       chi_method_t method, const void *input,
+                                       uint32_t input_size, chi_future_t *future) {
+  return chi_dev_detail::submit_one(ctx, route, method, input, input_size, future, true);
+}
+
+/* chi_dev_submit that never waits for a slot: CHI_ERR_AGAIN at once when
+ * every slot of the route is in use (nothing queued).  Parameters, other
+ * statuses, ownership and thread safety as chi_dev_submit. */
+CHI_DEVICE chi_status_t chi_dev_try_submit(const chi_dev_context_t *ctx, chi_route_t route,
+                                           chi_method_t method, const void *input,
+                                           uint32_t input_size, chi_future_t *future) {
+  return chi_dev_detail::submit_one(ctx, route, method, input, input_size, future, false);
 }
 
 /* Waits for a device future and takes its result.
@@ -109,7 +134,7 @@ CHI_DEVICE chi_status_t chi_dev_submit(const chi_dev_context_t *ctx, chi_route_t
  * no handler serves gives CHI_ERR_NOT_FOUND), or leaves the future valid and
  * returns CHI_ERR_TIMEOUT (not finished in time) or CHI_ERR_TOO_LARGE (output
  * too small: *output_size says the size needed).
- * CHI_ERR_INVALID: bad context, future 0, stale, consumed or never issued.
+ * CHI_ERR_INVALID: bad context, future 0, stale, consumed, released or never issued.
  * Ownership: a result returned consumes the future and frees its slot.
  * Thread safety: any thread of any kernel on the future's GPU; concurrent
  * waiters of one future: one gets the result, the others CHI_ERR_INVALID. */
@@ -283,6 +308,48 @@ CHI_DEVICE chi_status_t chi_dev_test(const chi_dev_context_t *ctx, chi_future_t 
   return CHI_OK;
 }
 
+/* Gives up a device future: the task still runs (its result is dropped),
+ * its slot is freed once it finished, and the future is consumed.
+ *   ctx     [in] the context of the future's GPU.
+ *   future  from chi_dev_submit, chi_dev_try_submit or a warp variant.
+ * A GPU->GPU slot is freed by the orchestrator when the task ends (at once
+ * when it already has); a GPU->CPU slot by the releasing thread when the
+ * reply is already in, else by the orchestrator's next sweep after the reply
+ * comes (while the orchestrator is paused, such slots stay taken until it
+ * resumes).
+ * Returns CHI_OK, or CHI_ERR_INVALID (NULL context, future 0, stale, consumed,
+ * released or never issued).  A later chi_dev_wait or chi_dev_test of the
+ * future returns CHI_ERR_INVALID.
+ * Thread safety: any thread of any kernel on the future's GPU, handlers
+ * included; with concurrent waiters or releasers of one future, one wins and
+ * the others get CHI_ERR_INVALID. */
+CHI_DEVICE chi_status_t chi_dev_release(const chi_dev_context_t *ctx, chi_future_t future) {
+  using namespace chi_dev_detail;
+  if (!ctx) return CHI_ERR_INVALID;
+  const chi_dev_layout *l = layout(ctx);
+  uint32_t kind, gen, slot;
+  if (l->magic != CHI_DEV_CTX_MAGIC || !split_future(future, l->slots, &kind, &gen, &slot))
+    return CHI_ERR_INVALID;
+  if (kind == kKindLocal) {
+    uint32_t *state = l->d2d_state + slot;
+    uint32_t expect = (gen << 8) | CHI_DEV_SLOT_SUBMITTED;
+    /* Still queued or running: the orchestrator frees it when the task ends. */
+    if (chi_port::cas_relaxed_dev(state, &expect, (gen << 8) | CHI_DEV_SLOT_RELEASED)) return CHI_OK;
+    if (expect != ((gen << 8) | CHI_DEV_SLOT_DONE) ||
+        !chi_port::cas_relaxed_dev(state, &expect, (gen << 8) | CHI_DEV_SLOT_CLAIMED))
+      return CHI_ERR_INVALID;
+    bitmap_free(l->d2d_bitmap, slot);
+    return CHI_OK;
+  }
+  uint32_t expect = (gen << 8) | CHI_DEV_SLOT_SUBMITTED;
+  if (!chi_port::cas_relaxed_dev(l->d2h_state + slot, &expect, (gen << 8) | CHI_DEV_SLOT_RELEASED))
+    return CHI_ERR_INVALID;
+  /* Counted before the claim below can happen: the sweep runs while it is non-zero. */
+  chi_port::fetch_add_dev(l->d2h_released, 1u);
+  if (reply_arrived(l, slot, gen)) reclaim_released(l, slot, gen);
+  return CHI_OK;
+}
+
 /* Resolves a reference to memory registered for THIS GPU (chi_register_gpu_mem):
  * *ptr = region start + offset after checking [offset, offset + length) lies
  * inside the region.
@@ -330,17 +397,10 @@ CHI_DEVICE chi_status_t chi_dev_mem_resolve(const chi_dev_context_t *ctx, const 
  * or none (active == 0); the ticket counter of each route is bumped once per
  * warp instead of once per task.  Results as the per-thread calls. */
 
-/* chi_dev_submit for a warp.
- *   active  this lane's task counts (non-zero) or the lane only takes part (0).
- *   other parameters as chi_dev_submit, per lane.
- * Returns this lane's status, as chi_dev_submit; an inactive lane gets CHI_OK
- * with *future == 0.
- * Thread safety: warp-collective (every lane, converged); warps call
- * concurrently, as for chi_dev_submit. */
-CHI_DEVICE chi_status_t chi_dev_warp_submit(const chi_dev_context_t *ctx, chi_route_t route,
-                                            chi_method_t method, const void *input,
-                                            uint32_t input_size, int active, chi_future_t *future) {
-  using namespace chi_dev_detail;
+namespace chi_dev_detail {
+CHI_DEVICE chi_status_t warp_submit(const chi_dev_context_t *ctx, chi_route_t route, chi_method_t method,
+                                    const void *input, uint32_t input_size, int active,
+                                    chi_future_t *future, bool wait) {
   chi_port::syncwarp();
   const uint32_t lane = chi_port::lane_id();
   uint32_t kind = 0, slot = 0, gen = 0;
@@ -350,10 +410,12 @@ CHI_DEVICE chi_status_t chi_dev_warp_submit(const chi_dev_context_t *ctx, chi_ro
     s = future ? check_submit(ctx, route, method, input, input_size, &kind) : CHI_ERR_INVALID;
     if (s == CHI_OK) {
       const chi_dev_layout *l = layout(ctx);
-      s = kind == kKindLocal ? local_prepare(l, method, input, input_size, &slot, &gen)
-                             : cpu_prepare(l, input, input_size, &slot, &gen);
+      s = kind == kKindLocal ? local_prepare(l, method, input, input_size, &slot, &gen, wait)
+                             : cpu_prepare(l, input, input_size, &slot, &gen, wait);
     }
   }
+  /* Lanes that waited for a slot meet the others again here. */
+  chi_port::syncwarp();
   const bool ready = active && s == CHI_OK;
   for (uint32_t k = kKindLocal; k <= kKindCpu; ++k) {
     const chi_port::lanemask_t group = chi_port::ballot(ready && kind == k);
@@ -379,6 +441,30 @@ CHI_DEVICE chi_status_t chi_dev_warp_submit(const chi_dev_context_t *ctx, chi_ro
   }
   chi_port::syncwarp();
   return s;
+}
+}  // namespace chi_dev_detail
+
+/* chi_dev_submit for a warp: each active lane waits for a slot as
+ * chi_dev_submit does, up to gpu.device_submit_timeout_us.
+ *   active  this lane's task counts (non-zero) or the lane only takes part (0).
+ *   other parameters as chi_dev_submit, per lane.
+ * Returns this lane's status, as chi_dev_submit; an inactive lane gets CHI_OK
+ * with *future == 0.
+ * Thread safety: warp-collective (every lane, converged); warps call
+ * concurrently, as for chi_dev_submit. */
+CHI_DEVICE chi_status_t chi_dev_warp_submit(const chi_dev_context_t *ctx, chi_route_t route,
+                                            chi_method_t method, const void *input,
+                                            uint32_t input_size, int active, chi_future_t *future) {
+  return chi_dev_detail::warp_submit(ctx, route, method, input, input_size, active, future, true);
+}
+
+/* chi_dev_warp_submit that never waits for a slot: a lane that finds none
+ * gets CHI_ERR_AGAIN at once.  As chi_dev_warp_submit otherwise. */
+CHI_DEVICE chi_status_t chi_dev_warp_try_submit(const chi_dev_context_t *ctx, chi_route_t route,
+                                                chi_method_t method, const void *input,
+                                                uint32_t input_size, int active,
+                                                chi_future_t *future) {
+  return chi_dev_detail::warp_submit(ctx, route, method, input, input_size, active, future, false);
 }
 
 /* chi_dev_wait for a warp: each active lane waits for its own future.
@@ -418,7 +504,8 @@ CHI_DEVICE chi_status_t chi_dev_warp_wait(const chi_dev_context_t *ctx, chi_futu
  * relaunches it through the launcher, from its own thread, so a handler
  * must not keep state in registers or shared memory across tasks.
  * Thread safety: handlers may call the per-thread functions above with
- * req->ctx (chi_dev_submit returns CHI_ERR_AGAIN rather than wait for a slot). */
+ * req->ctx (there chi_dev_submit never waits for a slot: CHI_ERR_AGAIN at
+ * once when none is free). */
 #include "chimaera/device_orchestrator.h"
 
 #endif /* CHI_GPU_COMPILER && __cplusplus */

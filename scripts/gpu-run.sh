@@ -58,18 +58,18 @@ if has test; then
   # The GPU tests one at a time, each under its own bound.  gpu_timing runs
   # in the timing step (once).
   : >"$OUT/ctest.log"
-  for spec in test_gpu:150 test_gpu_orchestrator:60; do
+  for spec in test_gpu_device_submit:120 test_gpu:150 test_gpu_orchestrator:60; do
     t=${spec%%:*} limit=$(bound ${spec##*:}) s0=$(date +%s)
     enough 20 "$t" || continue
     (cd "$BUILD" && timeout "$limit" ctest -R "^$t\$" --timeout "$limit" --output-on-failure -V) >"$OUT/$t.log" 2>&1
     note "ctest $t ($(( $(date +%s) - s0 )) s):"
-    grep -E "tests passed|tests failed|\*\*\*Failed|\*\*\*Timeout|\*\*\*Skipped|Exception|SegFault|\[  (PASSED|FAILED|  SKIPPED) \]|\[  FAILED  \]|# route|p50|M tasks/s" "$OUT/$t.log" | sed 's/^[0-9]*: //' | tee -a "$SUMMARY"
+    grep -E "tests passed|tests failed|\*\*\*Failed|\*\*\*Timeout|\*\*\*Skipped|Exception|SegFault|\[  (PASSED|FAILED|  SKIPPED) \]|\[  FAILED  \]|# route|# full grid|# every|# handler|release:|p50|M tasks/s" "$OUT/$t.log" | sed 's/^[0-9]*: //' | tee -a "$SUMMARY"
   done
   if enough 20 "the other GPU tests (examples)"; then
     s0=$(date +%s)
     # test_gpu_coexist needs the leased orchestrator (gpu.lease_us > 0),
     # which still hangs under load: scripts/gpu-lease.sh runs it, bounded.
-    (cd "$BUILD" && timeout "$(bound 60)" ctest -L gpu -E '^(test_gpu|test_gpu_orchestrator|gpu_timing|test_gpu_coexist)$' \
+    (cd "$BUILD" && timeout "$(bound 60)" ctest -L gpu -E '^(test_gpu|test_gpu_orchestrator|gpu_timing|test_gpu_coexist|test_gpu_device_submit)$' \
        --timeout 30 --output-on-failure) >>"$OUT/ctest.log" 2>&1
     note "ctest, other GPU tests ($(( $(date +%s) - s0 )) s):"
     grep -E "tests passed|tests failed|\*\*\*Failed|\*\*\*Timeout|Not Run|Exception|SegFault" "$OUT/ctest.log" | tail -n 8 | tee -a "$SUMMARY"

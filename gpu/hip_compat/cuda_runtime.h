@@ -19,6 +19,13 @@
 #define cudaDeviceProp hipDeviceProp_t
 #define cudaGetDeviceProperties hipGetDeviceProperties
 #define cudaFuncAttributes hipFuncAttributes
+#define cudaEventCreate hipEventCreate
+#define cudaEventElapsedTime hipEventElapsedTime
+// HIP takes the symbol's address where CUDA takes the symbol.
+#define cudaMemcpyToSymbolAsync(sym, src, n, off, kind, stream) \
+  hipMemcpyToSymbolAsync(HIP_SYMBOL(sym), (src), (n), (off), (kind), (stream))
+#define cudaMemcpyFromSymbolAsync(dst, sym, n, off, kind, stream) \
+  hipMemcpyFromSymbolAsync((dst), HIP_SYMBOL(sym), (n), (off), (kind), (stream))
 
 // CUDA's runtime takes the kernel itself; HIP's takes its address.
 template <class F>

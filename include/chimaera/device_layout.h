@@ -16,7 +16,7 @@
 
 #include "chimaera.h"
 
-#define CHI_DEV_ABI_VERSION 3u
+#define CHI_DEV_ABI_VERSION 4u
 #define CHI_DEV_CTX_MAGIC 0x43484944u /* "CHID" */
 
 /* An LL record: 32 eight-byte words, each {uint32 data, uint32 flag}.  Words
@@ -40,6 +40,12 @@ typedef struct chi_dev_slot_header {
 #define CHI_DEV_SLOT_SUBMITTED 1u
 #define CHI_DEV_SLOT_DONE 2u
 #define CHI_DEV_SLOT_CLAIMED 3u
+/* chi_dev_release came first: whoever finishes the task (the orchestrator for
+ * GPU->GPU, the orchestrator's sweep for GPU->CPU) frees the slot. */
+#define CHI_DEV_SLOT_RELEASED 4u
+
+/* chi_dev_ctx_layout_t.flags */
+#define CHI_DEV_CTX_ORCHESTRATOR 1u /* the orchestrator's own copy: submits never wait for a slot */
 
 #define CHI_DEV_MAX_REGIONS 1024u
 typedef struct chi_dev_region {
@@ -82,6 +88,9 @@ typedef struct chi_dev_ctx_layout {
   chi_dev_regions_t *regions;
   uint32_t d2h_ring_entries; /* slots x CPU pollers */
   uint32_t wait_spin_ns;     /* chi_dev_wait polls without a pause this long, then backs off */
+  uint32_t flags;            /* CHI_DEV_CTX_* */
+  uint32_t submit_timeout_us; /* chi_dev_submit waits this long for a free slot (gpu.device_submit_timeout_us) */
+  uint32_t *d2h_released;    /* GPU->CPU slots released before their reply came: the orchestrator sweeps them */
 } chi_dev_ctx_layout_t;
 
 /* The orchestrator's state in device memory, passed to its kernel. */
@@ -108,6 +117,10 @@ typedef struct chi_dev_orch_state {
                                * queued so far, [1] index + 1 of the next launch it will
                                * queue (it may be held back in a CUDA call) */
 } chi_dev_orch_state_t;
+
+/* Largest orchestrator block, in warps: the orchestrator kernels are
+ * compiled for it (__launch_bounds__), so they always fit the register file. */
+#define CHI_DEV_ORCH_MAX_WARPS_PER_BLOCK 16u
 
 #define CHI_DEV_FAULT_ABI 1u /* kernel compiled against another chimaera_device.h */
 

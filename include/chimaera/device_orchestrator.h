@@ -150,10 +150,34 @@ CHI_DEVICE_NOINLINE void run_device_task(const chi_dev_orch_state_t *st, uint32_
   if (lane == 0) {
     h->status = s;
     h->output_size = r.output_size;
-    chi_port::st_release_dev(l->d2d_state + slot, (w & ~0xFFu) | CHI_DEV_SLOT_DONE);
+    /* A future released meanwhile (chi_dev_release) has nobody to take the
+     * result: the slot is freed here. */
+    uint32_t expect = (w & ~0xFFu) | CHI_DEV_SLOT_SUBMITTED;
+    if (!chi_port::cas_acq_rel_dev(l->d2d_state + slot, &expect, (w & ~0xFFu) | CHI_DEV_SLOT_DONE) &&
+        expect == ((w & ~0xFFu) | CHI_DEV_SLOT_RELEASED)) {
+      chi_port::st_relaxed_dev(l->d2d_state + slot, (w & ~0xFFu) | CHI_DEV_SLOT_CLAIMED);
+      bitmap_free(l->d2d_bitmap, slot);
+    }
   }
   chi_port::syncwarp();
 }
+
+/* Frees the GPU->CPU slots whose futures were released before their reply
+ * came and whose reply has come since (warp-collective; the state words in
+ * batches of 4 loads per lane). */
+CHI_DEVICE_NOINLINE void sweep_released(const chi_dev_layout *l, uint32_t lane) {
+  for (uint32_t base = lane * 4u; base < l->slots; base += 4u * CHI_WARP_SIZE) {
+    uint32_t v[4];
+#pragma unroll
+    for (uint32_t k = 0; k < 4u; ++k) v[k] = chi_port::ld_relaxed_dev(l->d2h_state + base + k);
+#pragma unroll
+    for (uint32_t k = 0; k < 4u; ++k)
+      if ((v[k] & 0xFFu) == CHI_DEV_SLOT_RELEASED && reply_arrived(l, base + k, v[k] >> 8))
+        reclaim_released(l, base + k, v[k] >> 8);
+  }
+}
+/* The sweeping warp looks for released GPU->CPU slots at most this often. */
+constexpr uint64_t kSweepEveryNs = 5000;
 
 /* v: this lane's word of a complete ring entry (lanes >= 32 hold nothing). */
 template <class D>
@@ -329,6 +353,9 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
   uint64_t epoch = 0;
   const bool keeper = lease_ns != 0 && gw == st->nwarps - 1u;
   uint64_t keep_sig = 0, keep_since = t_start, keep_sampled = 0, trying_since = 0;
+  /* The last warp also frees released GPU->CPU slots (sweep_released). */
+  const bool sweeper = gw == st->nwarps - 1u;
+  uint64_t swept_at = 0;
   if (lease_ns) {
     const uint64_t a = lane == 0 ? chi_port::fetch_add_dev(arrivals, static_cast<uint64_t>(1)) : 0u;
     epoch = chi_port::shfl(a, 0) / st->nwarps; /* launches never overlap: exact */
@@ -341,6 +368,7 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
   for (;;) {
     /* The stop flag's load overlaps this round's polls; it is looked at after them. */
     const uint32_t stop = lane == 0 ? chi_port::ld_relaxed_dev(st->control) : 0u;
+    const uint32_t released = sweeper && lane == 1 ? chi_port::ld_relaxed_dev(l->d2h_released) : 0u;
     const uint64_t now0 = lane == 0 && lease_ns ? chi_port::timer_ns() : 0u;
     uint32_t expired = 0u;
     if (lease_ns && !keeper && lane == 0 && now0 >= lease_end)
@@ -356,6 +384,14 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
       chi_port::syncwarp(); /* orders the lanes' acquires before the other lanes' reads */
       for (uint32_t k = 0; k < n; ++k) run_device_task<D>(st, chi_port::shfl(mine, static_cast<int>(k)), lane);
       ran += n;
+    }
+    if (sweeper && chi_port::shfl(released, 1) != 0u) {
+      const uint64_t t = lane == 0 ? chi_port::timer_ns() : 0u;
+      const uint64_t now = chi_port::shfl(t, 0);
+      if (now - swept_at >= kSweepEveryNs) {
+        swept_at = now;
+        sweep_released(l, lane);
+      }
     }
     if (keeper) {
       const uint64_t now = chi_port::shfl(now0, 0);
@@ -419,7 +455,8 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
       return dispatch_fn(index, req);                                                           \
     }                                                                                           \
   };                                                                                            \
-  __global__ void name##_chi_kernel(const chi_dev_orch_state_t *state) {                        \
+  __global__ void __launch_bounds__(CHI_DEV_ORCH_MAX_WARPS_PER_BLOCK * CHI_WARP_SIZE, 1)            \
+      name##_chi_kernel(const chi_dev_orch_state_t *state) {                                    \
     chi_dev_detail::orchestrator_main<name##_chi_dispatch>(state);                              \
   }                                                                                             \
   static chi_status_t name##_chi_launch(const chi_gpu_launch_t *launch) {                       \

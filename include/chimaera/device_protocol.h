@@ -92,6 +92,54 @@ CHI_DEVICE int32_t bitmap_alloc(uint32_t *bm, uint32_t nslots) {
   }
   return -1;
 }
+/* One look at `span` (<= 8) words from `start`, loaded together: a waiting
+ * submit retries with this instead of a full scan, whose dependent loads
+ * take tens of microseconds when every slot is taken. */
+CHI_DEVICE int32_t bitmap_alloc_window(uint32_t *bm, uint32_t nwords, uint32_t start, uint32_t span) {
+  uint32_t v[8];
+#pragma unroll
+  for (uint32_t k = 0; k < 8u; ++k)
+    v[k] = k < span ? chi_port::ld_relaxed_dev(bm + ((start + k) & (nwords - 1u))) : 0xFFFFFFFFu;
+#pragma unroll
+  for (uint32_t k = 0; k < 8u; ++k) {
+    const uint32_t w = (start + k) & (nwords - 1u);
+    uint32_t x = v[k];
+    while (x != 0xFFFFFFFFu) {
+      const uint32_t bit = static_cast<uint32_t>(chi_port::ffs32(~x) - 1);
+      const uint32_t old = chi_port::fetch_or_acquire_dev(bm + w, 1u << bit);
+      if (!(old & (1u << bit))) return static_cast<int32_t>(w * 32u + bit);
+      x = old | (1u << bit);
+    }
+  }
+  return -1;
+}
+
+/* A slot of a route for a submit.  wait: chi_dev_submit, which waits up to
+ * the context's submit_timeout_us for a slot to be freed; never in the
+ * orchestrator's own context (CHI_DEV_CTX_ORCHESTRATOR): a handler that
+ * waited there could wait for slots held by kernels that wait for the very
+ * orchestrator it blocks.  Retries look at a few words from a new place
+ * each time, with naps growing to about 2 us, so thousands of waiting
+ * threads neither flood the bitmap nor starve the tasks that free slots. */
+CHI_DEVICE int32_t slot_alloc(const chi_dev_ctx_layout_t *l, uint32_t *bm, bool wait) {
+  int32_t s = bitmap_alloc(bm, l->slots);
+  if (s >= 0 || !wait || (l->flags & CHI_DEV_CTX_ORCHESTRATOR) || l->submit_timeout_us == 0) return s;
+  const uint32_t nwords = l->slots >> 5;
+  const uint32_t span = nwords < 8u ? nwords : 8u;
+  const uint64_t t0 = chi_port::timer_ns();
+  const uint64_t limit = static_cast<uint64_t>(l->submit_timeout_us) * 1000u;
+  uint32_t start = search_start(nwords);
+  uint32_t nap = 64;
+  for (uint32_t round = 1;; ++round) {
+    chi_port::nanosleep(nap);
+    if (nap < 2048u) nap *= 2u;
+    start = (start + 0x9E3779B1u * round + static_cast<uint32_t>(chi_port::timer_ns() >> 6)) & (nwords - 1u);
+    s = bitmap_alloc_window(bm, nwords, start, span);
+    if (s >= 0) return s;
+    if (chi_port::timer_ns() - t0 >= limit) return bitmap_alloc(bm, l->slots);
+  }
+}
+
 CHI_DEVICE void bitmap_free(uint32_t *bm, uint32_t slot) {
   chi_port::fetch_and_release_dev(bm + (slot >> 5), ~(1u << (slot & 31u)));
 }
@@ -211,9 +259,9 @@ CHI_DEVICE uint8_t *d2d_slot(const chi_dev_layout *l, uint32_t slot) {
  * ticket: if not NULL, also takes the run-queue ticket, in the same memory
  * round trip as the slot's state word (both depend only on the slot). */
 CHI_DEVICE chi_status_t local_prepare(const chi_dev_layout *l, chi_method_t method, const void *input,
-                                      uint32_t input_size, uint32_t *slot, uint32_t *gen,
+                                      uint32_t input_size, uint32_t *slot, uint32_t *gen, bool wait,
                                       uint64_t *ticket = nullptr) {
-  int32_t s = bitmap_alloc(l->d2d_bitmap, l->slots);
+  int32_t s = slot_alloc(l, l->d2d_bitmap, wait);
   if (s < 0) return CHI_ERR_AGAIN;
   *slot = static_cast<uint32_t>(s);
   const uint32_t old = chi_port::ld_relaxed_dev(l->d2d_state + s);
@@ -231,8 +279,8 @@ CHI_DEVICE chi_status_t local_prepare(const chi_dev_layout *l, chi_method_t meth
 /* GPU->CPU, step 1: a slot, and a large payload written to host memory.
  * ticket: as for local_prepare (the ring's ticket). */
 CHI_DEVICE chi_status_t cpu_prepare(const chi_dev_layout *l, const void *input, uint32_t input_size,
-                                    uint32_t *slot, uint32_t *gen, uint64_t *ticket = nullptr) {
-  int32_t s = bitmap_alloc(l->d2h_bitmap, l->slots);
+                                    uint32_t *slot, uint32_t *gen, bool wait, uint64_t *ticket = nullptr) {
+  int32_t s = slot_alloc(l, l->d2h_bitmap, wait);
   if (s < 0) return CHI_ERR_AGAIN;
   *slot = static_cast<uint32_t>(s);
   const uint32_t old = chi_port::ld_relaxed_dev(l->d2h_state + s);
@@ -276,6 +324,22 @@ CHI_DEVICE chi_status_t check_submit(const chi_dev_context_t *ctx, chi_route_t r
   else if (route == CHI_ROUTE_CPU) *kind = kKindCpu;
   else return CHI_ERR_INVALID;
   return CHI_OK;
+}
+
+/* A GPU->CPU slot released before its reply came, once the reply is there:
+ * whoever wins the RELEASED -> CLAIMED claim (the releaser or the
+ * orchestrator's sweep) frees it. */
+CHI_DEVICE bool reclaim_released(const chi_dev_layout *l, uint32_t slot, uint32_t gen) {
+  uint32_t expect = (gen << 8) | CHI_DEV_SLOT_RELEASED;
+  if (!chi_port::cas_relaxed_dev(l->d2h_state + slot, &expect, (gen << 8) | CHI_DEV_SLOT_CLAIMED)) return false;
+  chi_port::fetch_add_dev(l->d2h_released, 0xFFFFFFFFu);
+  bitmap_free(l->d2h_bitmap, slot);
+  return true;
+}
+CHI_DEVICE bool reply_arrived(const chi_dev_layout *l, uint32_t slot, uint32_t gen) {
+  uint64_t a, b;
+  chi_port::ll_load16(l->d2h_reply + static_cast<uint64_t>(slot) * CHI_DEV_LL_WORDS, &a, &b);
+  return ll_flag(a) == gen && ll_flag(b) == gen;
 }
 
 /* Back-off of a waiting thread that has waited `waited` ns: none for the

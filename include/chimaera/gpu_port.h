@@ -43,11 +43,12 @@
 #if defined(CHI_GPU_CUDA)
 #define CHI_WARP_SIZE 32
 typedef cudaStream_t chi_port_stream_t;
-#define chi_port_launch_ok() (cudaGetLastError() == cudaSuccess)
+/* Peeks, so that the caller can still read (and clear) the launch error. */
+#define chi_port_launch_ok() (cudaPeekAtLastError() == cudaSuccess)
 #else
 #define CHI_WARP_SIZE 64
 typedef hipStream_t chi_port_stream_t;
-#define chi_port_launch_ok() (hipGetLastError() == hipSuccess)
+#define chi_port_launch_ok() (hipPeekAtLastError() == hipSuccess)
 #endif
 
 namespace chi_port {

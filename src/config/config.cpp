@@ -237,6 +237,8 @@ const Setting kSettings[] = {
      [](Config &c, const Value &v) { c.gpu.poller_spin_ns = v.i; }},
     {"gpu.lease_us", "CHI_GPU_LEASE_US", Kind::kInt, 0, 1000000, false,
      [](Config &c, const Value &v) { c.gpu.lease_us = static_cast<uint32_t>(v.i); }},
+    {"gpu.device_submit_timeout_us", "CHI_GPU_DEVICE_SUBMIT_TIMEOUT_US", Kind::kInt, 0, 600000000, false,
+     [](Config &c, const Value &v) { c.gpu.device_submit_timeout_us = static_cast<uint32_t>(v.i); }},
 };
 
 const Setting *find_setting(const std::string &key) {

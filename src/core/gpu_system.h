@@ -38,6 +38,8 @@ class GpuSystem {
   virtual chi_status_t check_device_pointer(int32_t gpu, const void *ptr, size_t size) = 0;
   // The region table changed (Runtime::regions); make device code see the new one.
   virtual chi_status_t regions_changed() = 0;
+  // Device task slots (GPU->GPU and GPU->CPU, every GPU) held now, and in all.
+  virtual void device_slots(uint64_t *in_use, uint64_t *total) = 0;
   // chi_finalize: run what is queued, stop orchestrators and pollers, free memory.
   virtual chi_status_t shutdown() = 0;
 };

@@ -86,6 +86,7 @@ void Runtime::read_stats(chi_stats_t *out) {
     out->slots_in_use = cpu_->slots_in_use();
     out->slots_total = cpu_->slot_count();
   }
+  if (gpu_) gpu_->device_slots(&out->device_slots_in_use, &out->device_slots_total);
 }
 
 Executor *Runtime::pool(uint32_t pool) {

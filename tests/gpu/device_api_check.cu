@@ -24,6 +24,10 @@ __global__ void check_kernel(chi_dev_context_t ctx, int *result) {
   s |= chi_dev_wait(&ctx, f, 1000000, buf, sizeof buf, &n);
   s |= chi_dev_warp_submit(&ctx, CHI_ROUTE_LOCAL, CHI_METHOD_ADD, buf, 16, 1, &f);
   s |= chi_dev_warp_wait(&ctx, f, 1000000, buf, sizeof buf, &n, 1);
+  s |= chi_dev_try_submit(&ctx, CHI_ROUTE_LOCAL, CHI_METHOD_ECHO, buf, 8, &f);
+  s |= chi_dev_release(&ctx, f);
+  s |= chi_dev_warp_try_submit(&ctx, CHI_ROUTE_CPU, CHI_METHOD_ECHO, buf, 8, 1, &f);
+  s |= chi_dev_release(&ctx, f);
   s |= chi_dev_mem_resolve(&ctx, &ref, &p);
   *result = s + (int)n + done + (p != nullptr);
 }
