@@ -156,6 +156,7 @@ chi_status_t GpuDevice::allocate() {
   size_t d2h_bitmap = dc.take(s.dslots / 8);
   size_t d2h_tail = dc.take(128);
   size_t d2h_released = dc.take(128);
+  size_t wait_line = dc.take(256);
   size_t regions = dc.take(sizeof(chi_dev_regions_t));
   size_t stage = dc.take(CHI_DEV_MAX_REGIONS * sizeof(chi_dev_region_t));
   if (cudaError_t e = cudaMalloc(reinterpret_cast<void **>(&dev_), dc.size); e != cudaSuccess) {
@@ -191,6 +192,7 @@ chi_status_t GpuDevice::allocate() {
   l.flags = 0;
   l.submit_timeout_us = s.submit_timeout_us;
   l.d2h_released = reinterpret_cast<uint32_t *>(dev_ + d2h_released);
+  l.wait_line = reinterpret_cast<uint64_t *>(dev_ + wait_line);
 
   chi_dev_orch_state_t os;
   std::memset(&os, 0, sizeof os);

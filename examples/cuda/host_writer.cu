@@ -31,7 +31,6 @@ constexpr uint32_t kChunks = 2048;  // rows in the file
 constexpr uint32_t kBlocks = 64;
 constexpr uint32_t kThreads = 256;  // a power of two (tree reduction)
 constexpr int64_t kWaitNs = 10'000'000'000;
-constexpr uint64_t kRetryNs = 5'000'000'000;
 
 // One row as the kernel sends it (the task's input).
 struct Row {
@@ -95,21 +94,16 @@ __device__ void row_failed(Report *rep, chi_status_t s) {
   if (atomicAdd(&rep->failed, 1u) == 0u) rep->status = s;
 }
 
-// Submits a row, retrying while every GPU->CPU slot is busy.  Returns its
+// Submits a row.  When every GPU->CPU slot is busy, chi_dev_submit waits for
+// one (up to gpu.device_submit_timeout_us, then CHI_ERR_AGAIN).  Returns the
 // future, or 0 after recording the failure.
 __device__ chi_future_t submit_row(const chi_dev_context_t *ctx, chi_method_t write, const Row &row,
                                    Report *rep) {
-  const uint64_t t0 = chi_port::timer_ns();
-  for (uint32_t nap = 256;; nap = nap < 8192 ? 2 * nap : nap) {
-    chi_future_t f = 0;
-    chi_status_t s = chi_dev_submit(ctx, CHI_ROUTE_CPU, write, &row, sizeof row, &f);
-    if (s == CHI_OK) return f;
-    if (s != CHI_ERR_AGAIN || chi_port::timer_ns() - t0 > kRetryNs) {
-      row_failed(rep, s);
-      return 0;
-    }
-    __nanosleep(nap);
-  }
+  chi_future_t f = 0;
+  chi_status_t s = chi_dev_submit(ctx, CHI_ROUTE_CPU, write, &row, sizeof row, &f);
+  if (s == CHI_OK) return f;
+  row_failed(rep, s);
+  return 0;
 }
 
 __device__ void collect(const chi_dev_context_t *ctx, chi_future_t f, Report *rep) {

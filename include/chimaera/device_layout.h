@@ -91,6 +91,8 @@ typedef struct chi_dev_ctx_layout {
   uint32_t flags;            /* CHI_DEV_CTX_* */
   uint32_t submit_timeout_us; /* chi_dev_submit waits this long for a free slot (gpu.device_submit_timeout_us) */
   uint32_t *d2h_released;    /* GPU->CPU slots released before their reply came: the orchestrator sweeps them */
+  uint64_t *wait_line;       /* submits waiting for a slot, [0] tickets taken, [1] served: GPU->GPU;
+                              * [16], [17]: GPU->CPU (device memory) */
 } chi_dev_ctx_layout_t;
 
 /* The orchestrator's state in device memory, passed to its kernel. */

@@ -23,8 +23,6 @@ namespace {
 // As main.c: long enough for any sane route, short enough that a lost task
 // shows up as a failure instead of a hang.
 constexpr int64_t kWaitTimeoutNs = 10'000'000'000;
-// How long a submit that finds every slot busy (CHI_ERR_AGAIN) is retried.
-constexpr uint64_t kSubmitRetryNs = 2'000'000'000;
 // Tasks per kernel launch, whatever --tasks says: bounds the device buffers.
 constexpr uint32_t kBatch = 16384;
 constexpr uint32_t kBurstBlocks = 32;
@@ -59,19 +57,10 @@ struct DevControl {
 
 __device__ bool aborted(DevControl *c) { return chi_port::ld_relaxed_dev(&c->abort) != 0u; }
 
-__device__ chi_status_t submit_retry(const chi_dev_context_t *ctx, chi_route_t route,
-                                     const DevTask *t, chi_future_t *f) {
-  uint64_t t0 = 0;
-  for (;;) {
-    chi_status_t s = chi_dev_submit(ctx, route, t->method, t->input, t->input_size, f);
-    if (s != CHI_ERR_AGAIN) return s;
-    const uint64_t now = chi_port::timer_ns();
-    if (t0 == 0)
-      t0 = now;
-    else if (now - t0 > kSubmitRetryNs)
-      return s;
-    __nanosleep(1000);
-  }
+// chi_dev_submit waits for a slot when all are busy (gpu.device_submit_timeout_us).
+__device__ chi_status_t submit_task(const chi_dev_context_t *ctx, chi_route_t route,
+                                    const DevTask *t, chi_future_t *f) {
+  return chi_dev_submit(ctx, route, t->method, t->input, t->input_size, f);
 }
 
 __device__ void record_wait(chi_status_t s, uint32_t out_size, DevResult *r, DevControl *c) {
@@ -91,7 +80,7 @@ __global__ void serial_kernel(chi_dev_context_t ctx, chi_route_t route, const De
     DevResult *r = &res[i];
     const long long t0 = clock64();
     chi_future_t f = 0;
-    chi_status_t s = submit_retry(&ctx, route, &tasks[i], &f);
+    chi_status_t s = submit_task(&ctx, route, &tasks[i], &f);
     if (s != CHI_OK) {
       r->phase = kRefused;
       r->status = s;
@@ -108,27 +97,18 @@ __global__ void serial_kernel(chi_dev_context_t ctx, chi_route_t route, const De
   c->g0 = g0;
 }
 
-// A warp's 32 tasks through the warp-collective calls; lanes whose submit
-// found no slot retry together.
+// A warp's 32 tasks through the warp-collective calls (a lane that finds no
+// slot waits for one inside chi_dev_warp_submit).
 __device__ void warp_chunk(const chi_dev_context_t *ctx, chi_route_t route, const DevTask *t,
                            DevResult *r, bool mine, DevControl *c) {
   chi_future_t f = 0;
-  bool need = mine;
-  const uint64_t t0 = chi_port::timer_ns();
-  while (__any_sync(kFullMask, need)) {
-    chi_future_t nf = 0;
-    chi_status_t s = chi_dev_warp_submit(ctx, route, need ? t->method : CHI_METHOD_ECHO,
-                                         need ? t->input : nullptr, need ? t->input_size : 0u,
-                                         need ? 1 : 0, &nf);
-    if (need && s == CHI_OK) {
-      f = nf;
-      need = false;
-    } else if (need && (s != CHI_ERR_AGAIN || chi_port::timer_ns() - t0 > kSubmitRetryNs)) {
-      r->phase = kRefused;
-      r->status = s;
-      need = false;
-    }
-    if (__any_sync(kFullMask, need)) __nanosleep(1000);
+  const chi_status_t sub = chi_dev_warp_submit(ctx, route, mine ? t->method : CHI_METHOD_ECHO,
+                                               mine ? t->input : nullptr, mine ? t->input_size : 0u,
+                                               mine ? 1 : 0, &f);
+  if (mine && sub != CHI_OK) {
+    r->phase = kRefused;
+    r->status = sub;
+    f = 0;
   }
   const bool have = f != 0;
   uint32_t got = 0;
@@ -144,7 +124,7 @@ __device__ void diverged_chunk(const chi_dev_context_t *ctx, chi_route_t route, 
                                DevResult *r, uint32_t lane, DevControl *c) {
   if (lane % 3u == 0u) __nanosleep(200u + 20u * lane);
   chi_future_t f = 0;
-  chi_status_t s = submit_retry(ctx, route, t, &f);
+  chi_status_t s = submit_task(ctx, route, t, &f);
   if (s != CHI_OK) {
     r->phase = kRefused;
     r->status = s;
