@@ -145,8 +145,9 @@ CHI_DEVICE int32_t slot_alloc(const chi_dev_ctx_layout_t *l, uint32_t *bm, uint6
   const uint64_t t0 = chi_port::timer_ns();
   const uint64_t limit = static_cast<uint64_t>(l->submit_timeout_us) * 1000u;
   for (uint32_t round = 1;; ++round) {
-    const uint64_t ahead = ticket - chi_port::ld_relaxed_dev(line + 1);
-    if (ahead < allowed) {
+    /* Signed: others served out of turn may have moved `served` past this ticket. */
+    const int64_t ahead = static_cast<int64_t>(ticket - chi_port::ld_relaxed_dev(line + 1));
+    if (ahead < static_cast<int64_t>(allowed)) {
       start = (start + 0x9E3779B1u * round + static_cast<uint32_t>(chi_port::timer_ns() >> 6)) & (nwords - 1u);
       const int32_t s = bitmap_alloc_window(bm, nwords, start, span);
       if (s >= 0) {
@@ -158,7 +159,7 @@ CHI_DEVICE int32_t slot_alloc(const chi_dev_ctx_layout_t *l, uint32_t *bm, uint6
       /* Far back in the line: look again about when the turn may come (a
        * slot goes round in some 100 ns at full load), so thousands of
        * waiters do not hammer the served counter. */
-      const uint64_t far = (ahead - allowed) * 64u;
+      const uint64_t far = static_cast<uint64_t>(ahead - static_cast<int64_t>(allowed)) * 64u;
       chi_port::nanosleep(far < 1024u ? 1024u : far > 200000u ? 200000u : static_cast<uint32_t>(far));
     }
     if (chi_port::timer_ns() - t0 >= limit) {
