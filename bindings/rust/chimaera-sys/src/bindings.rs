@@ -659,12 +659,14 @@ pub struct chi_stats {
     pub reserved: u32,
     pub slots_in_use: u64,
     pub slots_total: u64,
+    pub device_slots_in_use: u64,
+    pub device_slots_total: u64,
 }
 #[test]
 fn bindgen_test_layout_chi_stats() {
     assert_eq!(
         ::std::mem::size_of::<chi_stats>(),
-        264usize,
+        280usize,
         concat!("Size of: ", stringify!(chi_stats))
     );
     assert_eq!(
@@ -808,6 +810,40 @@ fn bindgen_test_layout_chi_stats() {
         );
     }
     test_field_slots_total();
+    fn test_field_device_slots_in_use() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).device_slots_in_use) as usize - ptr as usize
+            },
+            264usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_stats),
+                "::",
+                stringify!(device_slots_in_use)
+            )
+        );
+    }
+    test_field_device_slots_in_use();
+    fn test_field_device_slots_total() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).device_slots_total) as usize - ptr as usize
+            },
+            272usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_stats),
+                "::",
+                stringify!(device_slots_total)
+            )
+        );
+    }
+    test_field_device_slots_total();
 }
 pub type chi_stats_t = chi_stats;
 extern "C" {
