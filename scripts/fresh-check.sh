@@ -26,6 +26,7 @@
 #                        CHI_FRESH_KEEP=1.
 #   CHI_FRESH_MIRROR     a Debian mirror instead of the one found in
 #                        /etc/apt/sources.list{,.d/*.sources,.d/*.list}.
+#   CHI_FRESH_SRC        where in the root the clones go (default /srv).
 #   CHI_FRESH_LOG        the full log of the run (default
 #                        $CHI_FRESH_CACHE/run-DATE-PID.log).
 # Exit status: 0 when .ci/run (and demo.sh, when asked) exited 0.
@@ -198,9 +199,14 @@ in_root() { # in_root DIR COMMAND...: a clean login-like environment, no ~/.carg
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 TERM=dumb \
     /bin/bash -c 'cd "$1" && shift && exec "$@"' bash "$dir" "$@"
 }
-clone() { # clone NAME: the committed HEAD of this repository at /root/NAME
-  git clone -q --no-hardlinks "$repo" "$rootfs/root/$1"
-  git -C "$rootfs/root/$1" checkout -q --detach "$head"
+# Clones go under $CHI_FRESH_SRC (default /srv), not root's 0700 home:
+# test_access re-executes its own binary as another user, which needs a path
+# that user may traverse.
+src=${CHI_FRESH_SRC:-/srv}
+clone() { # clone NAME: the committed HEAD of this repository at $src/NAME
+  mkdir -p "$rootfs$src"
+  git clone -q --no-hardlinks "$repo" "$rootfs$src/$1"
+  git -C "$rootfs$src/$1" checkout -q --detach "$head"
 }
 : >"$log"
 say "root $rootfs; $rust_note; HEAD $head"
@@ -209,11 +215,11 @@ say "log $log"
 demo_rc=skipped demo_s=
 if [ "${CHI_FRESH_DEMO:-0}" = 1 ]; then
   clone demo
-  say "running scripts/demo.sh in a fresh clone (/root/demo)"
+  say "running scripts/demo.sh in a fresh clone ($src/demo)"
   t0=$(date +%s)
   echo "===== scripts/demo.sh" >>"$log"
   demo_rc=0
-  in_root /root/demo ./scripts/demo.sh </dev/null >>"$log" 2>&1 || demo_rc=$?
+  in_root "$src/demo" ./scripts/demo.sh </dev/null >>"$log" 2>&1 || demo_rc=$?
   demo_s=$(( $(date +%s) - t0 ))
   # The demo's table: its last lines.
   awk '/^===== scripts\/demo.sh/ { on = 1; n = 0; next } on { line[++n] = $0 }
@@ -222,11 +228,11 @@ if [ "${CHI_FRESH_DEMO:-0}" = 1 ]; then
 fi
 
 clone chimaera
-say "running bash .ci/run in a fresh clone (/root/chimaera)"
+say "running bash .ci/run in a fresh clone ($src/chimaera)"
 t0=$(date +%s)
 echo "===== bash .ci/run" >>"$log"
 ci_rc=0
-in_root /root/chimaera bash .ci/run </dev/null >>"$log" 2>&1 || ci_rc=$?
+in_root "$src/chimaera" bash .ci/run </dev/null >>"$log" 2>&1 || ci_rc=$?
 ci_s=$(( $(date +%s) - t0 ))
 
 # --- Report -----------------------------------------------------------------------
@@ -238,8 +244,10 @@ awk '/^===== bash \.ci\/run/ { on = 1; section = "main build"; next }
      /^== / { section = substr($0, 4); next }
      /tests passed, .* tests failed out of/ { printf "  %-40s %s\n", section ":", $0 }
      /^Total Test time/ { printf "  %-40s %s\n", "", $0 }' "$log"
-echo "---- Rust toolchains used"
-grep -E "Rust bindings (also )?tested with" "$log" | sort -u | sed 's/^-- /  /' || echo "  (none reported)"
+echo "---- toolchains (.ci/run)"
+awk '/^===== bash \.ci\/run/ { on = 1; next }
+     on && /^== toolchains/ { t = 1; next }
+     t && /^  / { print; next } { t = 0 }' "$log"
 failed=$(awk '/^===== bash \.ci\/run/ { on = 1 } on && /The following tests FAILED/ { f = 1; next }
               f && /^[ \t]+[0-9]+ - / { sub(/^[ \t]+/, ""); print; next } { f = 0 }' "$log")
 if [ -n "$failed" ]; then

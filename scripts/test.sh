@@ -11,6 +11,33 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/setup.sh"
 
+# The toolchains this run builds and tests with (docs/toolchains.md).
+toolchains() {
+  local cache=$build/CMakeCache.txt v
+  cachevar() { sed -n "s/^$1:[A-Z]*=//p" "$cache" | head -1; }
+  rustc_of() { # the rustc beside a cargo, as bindings/rust/CMakeLists.txt uses it
+    local d; d=$(dirname "$1")
+    if [ -x "$d/rustc" ]; then "$d/rustc" --version 2>/dev/null; else rustc --version 2>/dev/null; fi
+  }
+  echo "== toolchains"
+  echo "  C++:     $("$(cachevar CMAKE_CXX_COMPILER)" --version | head -1)"
+  echo "  CMake:   $(cmake --version | head -1)"
+  echo "  libzmq:  $(pkg-config --modversion libzmq)   libyaml: $(pkg-config --modversion yaml-0.1)"
+  v=$(cachevar CMAKE_Fortran_COMPILER)
+  echo "  Fortran: $([ -n "$v" ] && "$v" --version | head -1 || echo none)"
+  v=$(cachevar CMAKE_CUDA_COMPILER)
+  echo "  CUDA:    $([ -n "$v" ] && [ -x "$v" ] && "$v" --version | tail -1 || echo "none (no nvcc: CUDA backend not built)")"
+  v=$(cachevar CHI_CARGO)
+  echo "  Rust:    $([ -n "$v" ] && [ -x "$v" ] && echo "$v: $(rustc_of "$v")" || echo "none (no cargo)")"
+  v=$(cachevar CHI_CARGO_DEBIAN)
+  if [ -n "$v" ] && [ -x "$v" ] && ctest --test-dir "$build" -N -R '^rust_cargo_test_debian$' | grep rust_cargo_test_debian >/dev/null; then
+    echo "           and $v: $(rustc_of "$v") (rust_cargo_test_debian)"
+  fi
+  echo "  HIP:     $(command -v hipcc >/dev/null && echo "hipcc $(dpkg-query -W -f='${Version}' hipcc 2>/dev/null)" || echo none)"
+  echo "  clang:   $(command -v clang++ >/dev/null && clang++ --version | head -1 || echo "none (no fuzz runs)")"
+}
+toolchains || true
+
 status=0
 ctest --test-dir "$build" --output-on-failure -j2 || status=1
 
