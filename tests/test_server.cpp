@@ -1145,6 +1145,11 @@ void test_curve(void **) {
   chi_status_t s = chi_init(&cfg, &plain);  // no CURVE at all
   assert_true(s == CHI_ERR_PERMISSION || s == CHI_ERR_DISCONNECTED);
   assert_null(plain);
+  // A client with a server key but a libzmq without CURVE never connects in the clear.
+  setenv("CHI_TEST_NO_CURVE", "1", 1);
+  assert_status(CHI_ERR_CONFIG, connect_yaml(client_yaml(akey, spub), &c));
+  unsetenv("CHI_TEST_NO_CURVE");
+  assert_non_null(strstr(chi_last_error_message(), "no CURVE support"));
   assert_status(CHI_OK, chi_finalize(f.rt));
   // The server refuses a loose secret key (an exposed address without keys:
   // test_one_server_per_address).
@@ -1153,6 +1158,20 @@ void test_curve(void **) {
   chi_runtime_t *rt = chi_test_init_yaml(1, bad.c_str());
   chi_server_t *srv;
   assert_status(CHI_ERR_PERMISSION, chi_server_start(rt, unique_name("curve").c_str(), &srv));
+  assert_status(CHI_OK, chi_finalize(rt));
+  // Half a CURVE configuration is refused, and so are keys with a libzmq
+  // that lacks CURVE (CHI_TEST_NO_CURVE makes this one look so): the keys
+  // would protect nothing.
+  std::string half = "server:\n  curve_key_file: " + skey + "\n";
+  rt = chi_test_init_yaml(1, half.c_str());
+  assert_status(CHI_ERR_CONFIG, chi_server_start(rt, unique_name("half").c_str(), &srv));
+  assert_non_null(strstr(chi_last_error_message(), "both"));
+  assert_status(CHI_OK, chi_finalize(rt));
+  rt = chi_test_init_yaml(1, yaml.c_str());
+  setenv("CHI_TEST_NO_CURVE", "1", 1);
+  assert_status(CHI_ERR_CONFIG, chi_server_start(rt, unique_name("nocurve").c_str(), &srv));
+  unsetenv("CHI_TEST_NO_CURVE");
+  assert_non_null(strstr(chi_last_error_message(), "no CURVE support"));
   assert_status(CHI_OK, chi_finalize(rt));
   // With keys, a server may listen beyond loopback.
   rt = chi_test_init_yaml(1, yaml.c_str());

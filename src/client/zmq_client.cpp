@@ -67,24 +67,32 @@ chi_status_t ZmqClient::open(bool control) {
   }
   ctx_ = zmq_ctx_new();
   if (!ctx_) return set_error(CHI_ERR_NOMEM, "zmq_ctx_new failed");
-  zmq_ctx_set(ctx_, ZMQ_IO_THREADS, 1);
+  if (zmq_ctx_set(ctx_, ZMQ_IO_THREADS, 1) != 0)
+    return set_error(CHI_ERR_INTERNAL, "libzmq refused ZMQ_IO_THREADS: %s", zmq_strerror(errno));
   dealer_ = zmq_socket(ctx_, ZMQ_DEALER);
+  if (!dealer_) return set_error(CHI_ERR_INTERNAL, "cannot make a zmq socket: %s", zmq_strerror(errno));
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (!dealer_ || wake_fd_ < 0) return set_error(CHI_ERR_INTERNAL, "cannot make a zmq socket: %s", zmq_strerror(errno));
-  int zero = 0, hwm = 4096;
+  if (wake_fd_ < 0) return set_error(CHI_ERR_INTERNAL, "eventfd: %s", strerror(errno));
+  const int hwm = 4096;
   // Heartbeats find a peer that hangs (a closed or killed one is seen at
   // once, from the connection); generous, so a loaded machine is not taken
   // for a dead one.
-  int ivl = int(std::max<uint32_t>(cfg_.disconnect_check_ms, 10));
-  int hb_timeout = std::max(10000, 100 * ivl);  // 2 s was seen to expire on a 2-core machine under load
-  zmq_setsockopt(dealer_, ZMQ_LINGER, &zero, sizeof zero);
-  zmq_setsockopt(dealer_, ZMQ_SNDHWM, &hwm, sizeof hwm);
-  zmq_setsockopt(dealer_, ZMQ_RCVHWM, &hwm, sizeof hwm);
-  zmq_setsockopt(dealer_, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl);
-  zmq_setsockopt(dealer_, ZMQ_HEARTBEAT_TIMEOUT, &hb_timeout, sizeof hb_timeout);
+  const int ivl = int(std::max<uint32_t>(cfg_.disconnect_check_ms, 10));
+  const int hb_timeout = std::max(10000, 100 * ivl);  // 2 s was seen to expire on a 2-core machine under load
   // A session never survives a reconnection (the server forgets it): no retries.
-  int no_reconnect = -1;
-  zmq_setsockopt(dealer_, ZMQ_RECONNECT_IVL, &no_reconnect, sizeof no_reconnect);
+  const struct {
+    int option;
+    int value;
+    const char *name;
+  } options[] = {{ZMQ_LINGER, 0, "ZMQ_LINGER"},
+                 {ZMQ_SNDHWM, hwm, "ZMQ_SNDHWM"},
+                 {ZMQ_RCVHWM, hwm, "ZMQ_RCVHWM"},
+                 {ZMQ_HEARTBEAT_IVL, ivl, "ZMQ_HEARTBEAT_IVL"},
+                 {ZMQ_HEARTBEAT_TIMEOUT, hb_timeout, "ZMQ_HEARTBEAT_TIMEOUT"},
+                 {ZMQ_RECONNECT_IVL, -1, "ZMQ_RECONNECT_IVL"}};
+  for (const auto &o : options)
+    if (chi_status_t s = ipc::set_zmq_option(dealer_, o.option, &o.value, sizeof o.value, o.name); s != CHI_OK)
+      return s;
   if (!cfg_.curve_server_key.empty()) {
     if (a.compare(0, 6, "tcp://") != 0)
       return set_error(CHI_ERR_CONFIG, "curve_server_key is for tcp:// addresses, not %s", a.c_str());
@@ -97,9 +105,15 @@ chi_status_t ZmqClient::open(bool control) {
     char pub[41];
     if (zmq_curve_public(pub, secret.c_str()) != 0)
       return set_error(CHI_ERR_CONFIG, "%s: not a CURVE secret key", cfg_.curve_key_file.c_str());
-    zmq_setsockopt(dealer_, ZMQ_CURVE_SERVERKEY, cfg_.curve_server_key.c_str(), 40);
-    zmq_setsockopt(dealer_, ZMQ_CURVE_PUBLICKEY, pub, 40);
-    zmq_setsockopt(dealer_, ZMQ_CURVE_SECRETKEY, secret.c_str(), 40);
+    // A libzmq without CURVE refuses these: never fall back to plain text.
+    if (!ipc::zmq_has_curve())
+      return set_error(CHI_ERR_CONFIG, "curve_server_key is set but this libzmq (%s) has no CURVE support",
+                       ipc::zmq_version_text().c_str());
+    chi_status_t cs = ipc::set_zmq_option(dealer_, ZMQ_CURVE_SERVERKEY, cfg_.curve_server_key.c_str(), 40,
+                                          "ZMQ_CURVE_SERVERKEY");
+    if (cs == CHI_OK) cs = ipc::set_zmq_option(dealer_, ZMQ_CURVE_PUBLICKEY, pub, 40, "ZMQ_CURVE_PUBLICKEY");
+    if (cs == CHI_OK) cs = ipc::set_zmq_option(dealer_, ZMQ_CURVE_SECRETKEY, secret.c_str(), 40, "ZMQ_CURVE_SECRETKEY");
+    if (cs != CHI_OK) return cs;
   }
   std::string mon = "inproc://chimaera-monitor";
   if (zmq_socket_monitor(dealer_, mon.c_str(),
@@ -108,7 +122,8 @@ chi_status_t ZmqClient::open(bool control) {
                              ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0)
     return set_error(CHI_ERR_INTERNAL, "zmq_socket_monitor: %s", zmq_strerror(errno));
   monitor_ = zmq_socket(ctx_, ZMQ_PAIR);
-  zmq_connect(monitor_, mon.c_str());
+  if (!monitor_ || zmq_connect(monitor_, mon.c_str()) != 0)
+    return set_error(CHI_ERR_INTERNAL, "cannot watch the connection: %s", zmq_strerror(errno));
   if (zmq_connect(dealer_, a.c_str()) != 0)
     return set_error(CHI_ERR_INVALID, "cannot connect to %s: %s", a.c_str(), zmq_strerror(errno));
   try {
@@ -164,8 +179,9 @@ chi_status_t ZmqClient::open(bool control) {
 
 void ZmqClient::wake_io() {
   uint64_t one = 1;
-  ssize_t r = write(wake_fd_, &one, sizeof one);
-  (void)r;
+  // EAGAIN: the counter is full, a wake-up is pending anyway.
+  if (write(wake_fd_, &one, sizeof one) < 0 && errno != EAGAIN)
+    log(LogLevel::kError, "%s: cannot wake the I/O thread: %s", address_.c_str(), strerror(errno));
 }
 
 void ZmqClient::mark_gone(const char *why) {
@@ -286,23 +302,14 @@ void ZmqClient::io_receive() {
       zmq_msg_close(&msg);
       return;
     }
-    const uint8_t *data = static_cast<const uint8_t *>(zmq_msg_data(&msg));
-    const size_t size = zmq_msg_size(&msg);
     bool go_on = true;
-    size_t off = 0;
-    do {  // an empty part is malformed too
-      ipc::Frame f;
-      std::string why;
-      size_t used = 0;
-      if (ipc::decode_next_frame(data + off, size - off, &f, &used, &why) != CHI_OK) {
-        log(LogLevel::kWarn, "%s sent a malformed frame (%s): session closed", address_.c_str(), why.c_str());
-        mark_gone("the server sent a malformed frame");
-        go_on = false;
-        break;
-      }
-      off += used;
-      go_on = io_frame(f);
-    } while (go_on && off < size);
+    std::string why;
+    if (ipc::for_each_frame(static_cast<const uint8_t *>(zmq_msg_data(&msg)), zmq_msg_size(&msg), &why,
+                            [&](const ipc::Frame &f, size_t) { return go_on = io_frame(f); }) != CHI_OK) {
+      log(LogLevel::kWarn, "%s sent a malformed frame (%s): session closed", address_.c_str(), why.c_str());
+      mark_gone("the server sent a malformed frame");
+      go_on = false;
+    }
     zmq_msg_close(&msg);
     if (!go_on) return;
   }
@@ -314,7 +321,8 @@ bool ZmqClient::io_frame(const ipc::Frame &f) {
     mark_gone("the server stopped");
     // Gone is the server's last frame: closing the connection now tells
     // a stopping server that everything before it arrived.
-    zmq_disconnect(dealer_, address_.c_str());
+    if (zmq_disconnect(dealer_, address_.c_str()) != 0)
+      log(LogLevel::kDebug, "%s: zmq_disconnect: %s", address_.c_str(), zmq_strerror(errno));
     return false;
   }
   if ((f.kind == ipc::Kind::kWelcome || f.kind == ipc::Kind::kControlReply) && (f.id & kControlBit)) {
@@ -468,15 +476,7 @@ chi_status_t ZmqClient::test(uint32_t i, uint32_t gen, int *done) {
 chi_status_t ZmqClient::release(uint32_t i, uint32_t gen) {
   if (chi_status_t s = check(i, gen); s != CHI_OK) return s;
   // The I/O thread frees an orphan when its result comes.
-  switch (slot::orphan(slots_[i].word, gen)) {
-    case slot::kOrphan:
-      return CHI_OK;
-    case slot::kClaimed:
-      free_slot(i);
-      return CHI_OK;
-    default:
-      return set_error(CHI_ERR_INVALID, "stale future: already waited on or released");
-  }
+  return slot::release(slots_[i].word, gen, [&] { free_slot(i); });
 }
 
 }  // namespace chi

@@ -485,15 +485,7 @@ chi_status_t CpuExecutor::test(uint32_t slot, uint32_t gen, int *done) {
 chi_status_t CpuExecutor::release(uint32_t slot, uint32_t gen) {
   if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
   // An orphan is freed by the worker when it finishes.
-  switch (slot::orphan(slot_at(slot)->state, gen)) {
-    case slot::kOrphan:
-      return CHI_OK;
-    case slot::kClaimed:
-      free_slot(slot);
-      return CHI_OK;
-    default:
-      return set_error(CHI_ERR_INVALID, "stale future: already waited on or released");
-  }
+  return slot::release(slot_at(slot)->state, gen, [&] { free_slot(slot); });
 }
 
 }  // namespace chi

@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "base/error.h"
 #include "chimaera.h"
 #include "core/executor.h"
 #include "core/futex.h"
@@ -108,6 +109,21 @@ inline uint32_t orphan(std::atomic<uint32_t> &s, uint32_t gen) {
     }
   }
   return kFree;
+}
+
+// chi_release on a slot whose completer frees orphans: CHI_OK (orphaned, or
+// done and freed now by free_slot()), else CHI_ERR_INVALID with the message.
+template <class Free>
+chi_status_t release(std::atomic<uint32_t> &s, uint32_t gen, Free free_slot) {
+  switch (orphan(s, gen)) {
+    case kOrphan:
+      return CHI_OK;
+    case kClaimed:
+      free_slot();
+      return CHI_OK;
+    default:
+      return set_error(CHI_ERR_INVALID, "stale future: already waited on or released");
+  }
 }
 
 // What a wait does besides watching the word; every hook is called at most

@@ -51,6 +51,22 @@ chi_status_t decode_frame(const void *data, size_t length, Frame *f, std::string
 // the frame at the start of data with the checks above, except that bytes
 // may follow it (size <= length - header); *used = header + size.
 chi_status_t decode_next_frame(const void *data, size_t length, Frame *f, size_t *used, std::string *why);
+// Decodes the frames of one message part in order, calling fn(frame, offset
+// of the frame in data) for each until it returns false.  CHI_OK, or
+// CHI_ERR_PROTOCOL with *why at the first malformed frame (those before it
+// were handed to fn).  An empty part is malformed too.
+template <class Fn>
+chi_status_t for_each_frame(const uint8_t *data, size_t size, std::string *why, Fn fn) {
+  size_t off = 0;
+  do {
+    Frame f;
+    size_t used = 0;
+    if (chi_status_t s = decode_next_frame(data + off, size - off, &f, &used, why); s != CHI_OK) return s;
+    if (!fn(f, off)) return CHI_OK;
+    off += used;
+  } while (off < size);
+  return CHI_OK;
+}
 // Appends one frame to a batch under construction.
 void append_frame(const Frame &f, std::string *out);
 // A sender closes a batch (sends the message) once it holds this many bytes.

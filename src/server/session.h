@@ -14,30 +14,30 @@
 
 #include "core/executor.h"
 #include "ipc/segment.h"
+#include "server/service.h"
 
 namespace chi {
 
-class Runtime;
-class RouteStats;
-
 class Session final : public RemoteSink {
  public:
-  Session(uint32_t id, int sock, pid_t pid, uid_t uid, uint32_t kind);
+  Session(Service &service, uint32_t id, int sock, pid_t pid, uid_t uid, uint32_t kind);
   ~Session();
   Session(const Session &) = delete;
   Session &operator=(const Session &) = delete;
 
-  // Makes the segment (a sealed memfd) and the doorbell eventfd.
-  chi_status_t create_segment(uint32_t nslots, uint32_t max_payload);
+  // Makes the segment (a sealed memfd, the service's payload size) and the
+  // doorbell eventfd.
+  chi_status_t create_segment(uint32_t nslots);
 
-  // Poller: takes up to `budget` queued tasks and hands them to the runtime's
-  // executors, or (refuse) answers them CHI_ERR_SHUTDOWN.  Returns the number
-  // taken; sets dead() with a reason on a protocol violation.
-  unsigned poll(Runtime &rt, unsigned budget, uint32_t max_in_flight, bool refuse);
+  // Poller: takes up to `budget` queued tasks and hands them to the service
+  // (which runs, queues or refuses each).  Returns the number taken; sets
+  // dead() with a reason on a protocol violation.
+  unsigned poll(unsigned budget);
   // Poller: collects finished GPU tasks; true while some are still pending.
-  bool poll_gpu();
-  // poll_gpu(), and whether it collected any (freeing executor slots).
-  bool poll_gpu_reaped();
+  bool poll_gpu() {
+    gpu_.reap();
+    return !gpu_.empty();
+  }
   bool ring_ready() const;
   void arm_doorbell(bool on) {
     seg_.header()->doorbell_armed.store(on ? 1 : 0, std::memory_order_relaxed);
@@ -52,7 +52,7 @@ class Session final : public RemoteSink {
   bool dead() const { return dead_.load(std::memory_order_acquire); }
   void kill(const char *why);
   const std::string &reason() const { return reason_; }
-  uint32_t in_flight() const { return in_flight_.load(std::memory_order_acquire); }
+  uint32_t in_flight() const { return counters_.in_flight.load(std::memory_order_acquire); }
 
   uint32_t id() const { return id_; }
   int sock() const { return sock_; }
@@ -61,8 +61,8 @@ class Session final : public RemoteSink {
   pid_t pid() const { return pid_; }
   uid_t uid() const { return uid_; }
   uint32_t kind() const { return kind_; }
-  uint64_t submitted() const { return submitted_.load(std::memory_order_relaxed); }
-  uint64_t finished() const { return finished_.load(std::memory_order_relaxed); }
+  uint64_t submitted() const { return counters_.submitted.load(std::memory_order_relaxed); }
+  uint64_t finished() const { return counters_.finished.load(std::memory_order_relaxed); }
   const ipc::SegmentLayout &layout() const { return seg_.layout; }
   uint8_t *segment_base() const { return seg_.base; }
 
@@ -70,18 +70,12 @@ class Session final : public RemoteSink {
   uint32_t poller = 0;
   uint64_t removed_epoch = 0;
   bool detached = false;
-  RouteStats *stats = nullptr;
+  bool registered = false;  // with a poller (task sessions)
 
  private:
   void finish(uint32_t slot, uint32_t gen, chi_status_t status, const void *output, size_t size);
-  void fail_task(uint32_t slot, uint32_t gen, chi_status_t status);
 
-  struct GpuTask {
-    uint32_t slot, gen;
-    Executor *exec;
-    uint32_t eslot, egen;
-  };
-
+  Service &svc_;
   const uint32_t id_;
   const int sock_;
   const pid_t pid_;
@@ -95,9 +89,8 @@ class Session final : public RemoteSink {
   // it was taken (latency statistics).
   std::unique_ptr<std::atomic<uint8_t>[]> busy_;
   std::unique_ptr<int64_t[]> taken_ns_;
-  std::vector<GpuTask> gpu_tasks_;  // poller only
-  std::atomic<uint32_t> in_flight_{0};
-  std::atomic<uint64_t> submitted_{0}, finished_{0};
+  GpuTasks gpu_;  // poller only
+  ClientCounters counters_;
   std::atomic<bool> dead_{false};
   std::string reason_;
 };

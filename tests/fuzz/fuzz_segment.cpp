@@ -12,32 +12,34 @@
 
 #include "core/runtime.h"
 #include "ipc/wire.h"
+#include "server/service.h"
 #include "server/session.h"
 
 namespace {
 
-chi::Runtime *server() {
-  static chi::Runtime *rt = [] {
+chi::Service *server() {
+  static chi::Service *svc = [] {
     chi::Config cfg;
     cfg.workers = 1;
     cfg.queue_depth = 64;
+    cfg.server.client_max_in_flight = 64;
     cfg.max_inline_payload = 128;
     cfg.gpu.devices = 0;
     cfg.gpu.max_payload = 128;
     cfg.log_level = chi::LogLevel::kError;
     auto *r = new chi::Runtime(cfg);
     if (r->start() != CHI_OK) abort();
-    return r;
+    return new chi::Service(*r);
   }();
-  return rt;
+  return svc;
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  chi::Runtime *rt = server();
-  chi::Session s(1, -1, 0, 0, chi::ipc::kSessionTasks);
-  if (s.create_segment(8, 128) != CHI_OK) abort();
+  chi::Service *svc = server();
+  chi::Session s(*svc, 1, -1, 0, 0, chi::ipc::kSessionTasks);
+  if (s.create_segment(8) != CHI_OK) abort();
   const chi::ipc::SegmentLayout &l = s.layout();
   // The bytes land on the ring and on the slot area, as a client could write them.
   chi::ipc::SegmentView v;
@@ -48,7 +50,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   size_t first = std::min(n, size_t(8 * sizeof(chi::ipc::RingCell)));
   std::memcpy(v.base + l.ring_offset, data, first);
   if (n > first) std::memcpy(v.base + l.slots_offset, data + first, std::min(n - first, size_t(8 * l.slot_stride)));
-  for (int round = 0; round < 4 && !s.dead(); ++round) s.poll(*rt, 64, 64, false);
+  for (int round = 0; round < 4 && !s.dead(); ++round) s.poll(64);
   while (s.in_flight() != 0) sched_yield();  // tasks it took finish into the segment
   return 0;
 }

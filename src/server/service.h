@@ -1,0 +1,136 @@
+// The server's rules, written once for every transport: who is admitted,
+// what a control request answers, how a client's task is taken and where it
+// goes, how finished GPU tasks are collected, and the per-client limits.
+// A Listener (listener.h) moves bytes; everything it decides, it asks here.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "chimaera.h"
+#include "core/executor.h"
+#include "ipc/wire.h"
+
+namespace chi {
+
+class Listener;
+class Runtime;
+class RouteStats;
+struct ServerConfig;
+
+// One client's task counts, as chimaera-ctl status shows them.
+struct ClientCounters {
+  std::atomic<uint64_t> submitted{0}, finished{0};
+  std::atomic<uint32_t> in_flight{0};
+};
+
+// GPU tasks one transport thread queued; the same thread collects them
+// (never blocking: a full GPU queue answers AGAIN, and this frees its slots).
+class GpuTasks {
+ public:
+  // out(cookie): the buffer (capacity bytes) a finished task's output goes
+  // to; done(cookie, status, output size) then delivers it.
+  GpuTasks(size_t capacity, std::function<void *(uint64_t)> out,
+           std::function<void(uint64_t, chi_status_t, size_t)> done)
+      : capacity_(capacity), out_(std::move(out)), done_(std::move(done)) {}
+  void add(uint64_t cookie, Executor *exec, uint32_t slot, uint32_t gen) {
+    tasks_.push_back(Task{cookie, exec, slot, gen});
+  }
+  bool empty() const { return tasks_.empty(); }
+  // Collects the finished ones; true when it collected any.
+  bool reap();
+
+ private:
+  struct Task {
+    uint64_t cookie;
+    Executor *exec;
+    uint32_t slot, gen;
+  };
+  size_t capacity_;
+  std::function<void *(uint64_t)> out_;
+  std::function<void(uint64_t, chi_status_t, size_t)> done_;
+  std::vector<Task> tasks_;
+};
+
+class Service {
+ public:
+  explicit Service(Runtime &rt);
+
+  Runtime &runtime() { return rt_; }
+  const ServerConfig &config() const;
+
+  // ---- admission
+  // Checks a hello (payload as received) from a peer whose uid the transport
+  // knows (peer_uid) or not (nullptr: tcp://).  CHI_OK: *hello holds it, and
+  // a task session holds one of server.max_clients seats until left(); else
+  // the status of the refusal and *why (logged here).
+  chi_status_t admit(const std::string &where, const void *payload, size_t size, const uid_t *peer_uid,
+                     ipc::Hello *hello, std::string *why);
+  // The Welcome of a new session (the shm listener adds its segment's shape).
+  ipc::Welcome welcome(uint32_t session_id) const;
+  uint32_t next_session_id() { return next_id_.fetch_add(1, std::memory_order_relaxed); }
+  // A task session admitted earlier ends (or could not be served after all).
+  void left();
+  uint32_t clients() const { return clients_.load(std::memory_order_relaxed); }
+
+  // ---- control requests
+  // Answers one request: CHI_OK and the reply's bytes, or a failure and its
+  // text.  `who` names the asking session in the log (stop).
+  chi_status_t control(ipc::Op op, uint32_t flags, const void *payload, size_t size, std::string *reply,
+                       const std::string &who);
+
+  // ---- tasks
+  uint32_t max_in_flight() const { return max_in_flight_; }
+  // A client with this many tasks in flight waits (its next task stays
+  // queued); once stopping, its queued tasks are taken (and refused).
+  bool over_limit(uint32_t in_flight) const { return in_flight >= max_in_flight_ && !stopping(); }
+  uint32_t max_payload() const { return max_payload_; }
+  struct Take {
+    enum What { kRan, kQueued, kBusy, kFailed } what;
+    chi_status_t status;  // kRan: the handler's; kFailed: why
+    size_t output_size;   // kRan
+  };
+  // Takes one task of a client: refuses it (stopping, too large, unknown
+  // method, no executor for the route: kFailed), runs a bounded built-in
+  // here into out (kRan), or queues it: CPU tasks report to sink(cookie),
+  // GPU tasks join gpu (kQueued).  kBusy: every slot of the executor is in
+  // use; the caller keeps the task and offers it again later.  shared_input:
+  // the input lies in memory the client may rewrite (copied before a
+  // handler runs on it).  Every take but kBusy counts as submitted.
+  Take take(uint32_t method, int32_t route, const void *input, uint32_t size, bool shared_input, void *out,
+            size_t out_capacity, RemoteSink *sink, uint64_t cookie, GpuTasks *gpu);
+  // A task's result reached its client (taken_ns: when take() had it).
+  void finished(chi_status_t status, int64_t taken_ns);
+
+  // ---- stopping
+  void begin_stop() { stopping_.store(true, std::memory_order_seq_cst); }
+  bool stopping() const { return stopping_.load(std::memory_order_acquire); }
+  void request_stop();
+  chi_status_t wait_stop_request(int64_t timeout_ms);
+
+  // The listeners, for status (set by the server before any starts).
+  void set_listeners(std::vector<Listener *> l) { listeners_ = std::move(l); }
+  const std::vector<Listener *> &listeners() const { return listeners_; }
+
+ private:
+  Runtime &rt_;
+  RouteStats &stats_;
+  uint32_t max_in_flight_;
+  uint32_t max_payload_;
+  std::atomic<uint32_t> clients_{0};
+  std::atomic<uint32_t> next_id_{1};
+  std::atomic<bool> stopping_{false};
+  std::vector<Listener *> listeners_;
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  bool stop_requested_ = false;
+};
+
+}  // namespace chi

@@ -1,0 +1,182 @@
+#include "server/shm_pollers.h"
+
+#include <errno.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "core/futex.h"
+#include "core/runtime.h"
+#include "server/service.h"
+#include "server/session.h"
+
+namespace chi {
+
+namespace {
+constexpr unsigned kBatch = 32;  // tasks a poller takes from one session per turn
+}  // namespace
+
+void signal_fd(int fd) {
+  uint64_t one = 1;
+  if (write(fd, &one, sizeof one) < 0 && errno != EAGAIN)
+    log(LogLevel::kError, "cannot signal eventfd %d: %s", fd, strerror(errno));
+}
+
+void drain_fd(int fd) {
+  uint64_t v;
+  while (read(fd, &v, sizeof v) > 0) {
+  }
+}
+
+struct PollerPool::Poller {
+  std::thread thread;
+  int epfd = -1;
+  int wake = -1;
+  std::mutex mu;
+  std::vector<Session *> sessions;
+  std::atomic<bool> changed{false};
+  std::atomic<uint64_t> epoch{0};
+  ~Poller() {
+    if (epfd >= 0) close(epfd);
+    if (wake >= 0) close(wake);
+  }
+};
+
+PollerPool::PollerPool(Service &service, int control_wake_fd) : svc_(service), control_wake_(control_wake_fd) {}
+
+PollerPool::~PollerPool() { stop(); }
+
+chi_status_t PollerPool::start(unsigned n) {
+  if (n == 0) n = std::clamp(std::thread::hardware_concurrency() / 4, 1u, 8u);
+  for (unsigned i = 0; i < n; ++i) {
+    auto p = std::make_unique<Poller>();
+    p->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (p->epfd < 0) return set_error(CHI_ERR_INTERNAL, "epoll_create1: %s", strerror(errno));
+    p->wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (p->wake < 0) return set_error(CHI_ERR_INTERNAL, "eventfd: %s", strerror(errno));
+    epoll_event pe{};
+    pe.events = EPOLLIN;
+    pe.data.ptr = nullptr;
+    if (epoll_ctl(p->epfd, EPOLL_CTL_ADD, p->wake, &pe) != 0)
+      return set_error(CHI_ERR_INTERNAL, "epoll_ctl(ADD poller wake-up): %s", strerror(errno));
+    pollers_.push_back(std::move(p));
+  }
+  try {
+    for (auto &p : pollers_) p->thread = std::thread(&PollerPool::main, this, p.get());
+  } catch (const std::exception &e) {
+    return set_error(CHI_ERR_NOMEM, "cannot start poller threads: %s", e.what());
+  }
+  return CHI_OK;
+}
+
+chi_status_t PollerPool::add(Session *s) {
+  s->poller = next_++ % uint32_t(pollers_.size());
+  Poller &p = *pollers_[s->poller];
+  epoll_event pe{};
+  pe.events = EPOLLIN;
+  pe.data.ptr = s;
+  // Without its doorbell in the set, a sleeping poller would never see the
+  // session's tasks: refuse the session instead.
+  if (epoll_ctl(p.epfd, EPOLL_CTL_ADD, s->doorbell(), &pe) != 0)
+    return set_error(CHI_ERR_INTERNAL, "epoll_ctl(ADD doorbell): %s", strerror(errno));
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    p.sessions.push_back(s);
+  }
+  p.changed.store(true, std::memory_order_release);
+  signal_fd(p.wake);
+  return CHI_OK;
+}
+
+void PollerPool::remove(Session *s) {
+  Poller &p = *pollers_[s->poller];
+  // Closing the doorbell (when the session is freed) takes it out of the set
+  // anyway; a failure here only leaves a wake-up or two to come.
+  if (epoll_ctl(p.epfd, EPOLL_CTL_DEL, s->doorbell(), nullptr) != 0 && errno != ENOENT)
+    log(LogLevel::kWarn, "epoll_ctl(DEL doorbell of client %u): %s", s->id(), strerror(errno));
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    p.sessions.erase(std::remove(p.sessions.begin(), p.sessions.end(), s), p.sessions.end());
+    s->removed_epoch = p.epoch.load(std::memory_order_acquire);
+  }
+  p.changed.store(true, std::memory_order_release);
+  signal_fd(p.wake);
+}
+
+bool PollerPool::dropped(const Session *s) const {
+  // Its epoch moved past the removal twice: one full turn without it.
+  return pollers_[s->poller]->epoch.load(std::memory_order_acquire) > s->removed_epoch + 1;
+}
+
+void PollerPool::wake_all() {
+  for (auto &p : pollers_) signal_fd(p->wake);
+}
+
+void PollerPool::stop() {
+  quit_.store(true, std::memory_order_seq_cst);
+  wake_all();
+  for (auto &p : pollers_)
+    if (p->thread.joinable()) p->thread.join();
+}
+
+void PollerPool::main(Poller *p) {
+  set_submit_never_blocks(true);  // this thread reaps the GPU tasks it queues
+  std::vector<Session *> snap;
+  size_t turn = 0;
+  // Below 4 CPUs a spinning poller takes the CPU from the worker and the
+  // client it waits for: it sleeps at once instead (the doorbell wakes it).
+  const int64_t spin_ns =
+      std::thread::hardware_concurrency() >= 4 ? svc_.runtime().config().server.spin_ns : 0;
+  int64_t idle_since = now_ns();
+  epoll_event events[64];
+  while (!quit_.load(std::memory_order_acquire)) {
+    if (p->changed.exchange(false, std::memory_order_acq_rel)) {
+      std::lock_guard<std::mutex> lock(p->mu);
+      snap = p->sessions;
+    }
+    // The control thread frees a removed session only after this moves on.
+    p->epoch.fetch_add(1, std::memory_order_acq_rel);
+    bool work = false;
+    // Round-robin with a batch bound per session: a client that keeps its
+    // ring full gets kBatch tasks per turn like everyone else.
+    const size_t count = snap.size();
+    for (size_t k = 0; k < count; ++k) {
+      Session *s = snap[(turn + k) % count];
+      if (s->dead()) continue;
+      if (s->poll(kBatch)) work = true;
+      if (s->poll_gpu()) work = true;
+      if (s->dead()) signal_fd(control_wake_);
+    }
+    ++turn;
+    if (work) {
+      idle_since = now_ns();
+      continue;
+    }
+    if (now_ns() - idle_since < spin_ns) {
+      cpu_relax();
+      continue;
+    }
+    // Sleep: arm every doorbell, then look once more, so that a client
+    // either sees the doorbell armed or we see its task.
+    for (Session *s : snap) s->arm_doorbell(true);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    bool ready = p->changed.load(std::memory_order_acquire) || quit_.load(std::memory_order_acquire);
+    for (Session *s : snap) ready = ready || (!s->dead() && s->ring_ready());
+    if (!ready) {
+      const int got = epoll_wait(p->epfd, events, 64, 100);
+      if (got < 0 && errno != EINTR) log(LogLevel::kError, "poller epoll_wait: %s", strerror(errno));
+      for (int i = 0; i < got; ++i) {
+        drain_fd(events[i].data.ptr ? static_cast<Session *>(events[i].data.ptr)->doorbell() : p->wake);
+      }
+    }
+    for (Session *s : snap) s->arm_doorbell(false);
+    idle_since = now_ns();
+  }
+}
+
+}  // namespace chi

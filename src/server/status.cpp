@@ -1,0 +1,120 @@
+#include "server/status.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <vector>
+
+#include "core/runtime.h"
+#include "ipc/channel.h"
+#include "server/listener.h"
+#include "server/service.h"
+
+namespace chi {
+
+std::string status_text(Service &service, bool json) {
+  Runtime &rt = service.runtime();
+  std::string addrs;
+  std::vector<ClientRow> rows;
+  size_t pollers = 0;
+  for (Listener *l : service.listeners()) {
+    addrs += (addrs.empty() ? "" : " ") + l->address();
+    l->rows(&rows);
+    pollers += l->pollers();
+  }
+  chi_stats_t st;
+  rt.read_stats(&st);
+  // Each GPU's orchestrator as it is now (paused, failed...), not assumed.
+  std::string orch_json, orch_text;
+  const int32_t ngpus = rt.gpu() ? rt.gpu()->count() : 0;
+  for (int32_t g = 0; g < ngpus; ++g) {
+    uint64_t launches = 0;
+    const char *state = rt.gpu()->orchestrator_state(g, &launches);
+    char one[160];
+    snprintf(one, sizeof one, "%s{\"gpu\":%d,\"state\":\"%s\",\"launches\":%llu}", g ? "," : "", int(g),
+             state, (unsigned long long)launches);
+    orch_json += one;
+    snprintf(one, sizeof one, "%sGPU %d %s, %llu launch(es)", g ? "; " : "", int(g), state,
+             (unsigned long long)launches);
+    orch_text += one;
+  }
+  if (orch_text.empty()) orch_text = "none";
+  static const char *const names[] = {"cpu", "gpu", "client", "reserved"};
+  char line[512];
+  std::string out;
+  if (json) {
+    // Addresses come from the config: any length, any character (a path).
+    out = "{\"address\":\"";
+    for (char ch : addrs) {
+      if (ch == '"' || ch == '\\') {
+        out += '\\';
+        out += ch;
+      } else if (static_cast<unsigned char>(ch) < 0x20) {
+        char esc[8];
+        snprintf(esc, sizeof esc, "\\u%04x", unsigned(static_cast<unsigned char>(ch)));
+        out += esc;
+      } else {
+        out += ch;
+      }
+    }
+    snprintf(line, sizeof line,
+             "\",\"pid\":%d,\"version\":\"%s\",\"workers\":%u,"
+             "\"pollers\":%zu,\"slots_in_use\":%llu,\"slots_total\":%llu,\"gpus\":%d,"
+             "\"gpu_orchestrators\":[",
+             int(getpid()), ipc::version_text(CHI_VERSION_NUMBER).c_str(), st.workers,
+             pollers, (unsigned long long)st.slots_in_use, (unsigned long long)st.slots_total,
+             st.gpus);
+    out += line;
+    out += orch_json + "],\"clients\":[";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      snprintf(line, sizeof line,
+               "%s{\"id\":%u,\"pid\":%d,\"uid\":%u,\"submitted\":%llu,\"finished\":%llu,\"in_flight\":%u}",
+               i ? "," : "", rows[i].id, rows[i].pid, rows[i].uid,
+               (unsigned long long)rows[i].submitted, (unsigned long long)rows[i].finished,
+               rows[i].in_flight);
+      out += line;
+    }
+    out += "],\"routes\":{";
+    for (int r = 0; r < 3; ++r) {
+      const chi_route_stats_t &x = st.routes[r];
+      snprintf(line, sizeof line,
+               "%s\"%s\":{\"submitted\":%llu,\"completed\":%llu,\"failed\":%llu,\"in_flight\":%llu,"
+               "\"p50_ns\":%llu,\"p99_ns\":%llu,\"max_ns\":%llu}",
+               r ? "," : "", names[r], (unsigned long long)x.submitted,
+               (unsigned long long)x.completed, (unsigned long long)x.failed,
+               (unsigned long long)x.in_flight, (unsigned long long)x.latency_p50_ns,
+               (unsigned long long)x.latency_p99_ns, (unsigned long long)x.latency_max_ns);
+      out += line;
+    }
+    out += "}}\n";
+    return out;
+  }
+  snprintf(line, sizeof line,
+           "chimaera-server %s, pid %d\n"
+           "workers:  %u CPU worker(s), %zu client poller(s)\n"
+           "slots:    %llu of %llu CPU task slots in use\n"
+           "gpus:     %d (orchestrators: ",
+           ipc::version_text(CHI_VERSION_NUMBER).c_str(), int(getpid()), st.workers,
+           pollers, (unsigned long long)st.slots_in_use, (unsigned long long)st.slots_total,
+           st.gpus);
+  out += line;
+  out += orch_text + ")\nserving:  " + addrs + "\nclients:  " + std::to_string(rows.size()) + "\n";
+  if (!rows.empty()) out += "  id      pid      uid    submitted     finished  in-flight\n";
+  for (const ClientRow &r : rows) {
+    snprintf(line, sizeof line, "  %-6u %-8d %-6u %10llu %12llu %10u\n", r.id, r.pid, r.uid,
+             (unsigned long long)r.submitted, (unsigned long long)r.finished, r.in_flight);
+    out += line;
+  }
+  out += "route     submitted   completed      failed  in-flight     p50 ns     p99 ns\n";
+  for (int r = 0; r < 3; ++r) {
+    const chi_route_stats_t &x = st.routes[r];
+    snprintf(line, sizeof line, "%-8s %10llu %11llu %11llu %10llu %10llu %10llu\n", names[r],
+             (unsigned long long)x.submitted, (unsigned long long)x.completed,
+             (unsigned long long)x.failed, (unsigned long long)x.in_flight,
+             (unsigned long long)x.latency_p50_ns, (unsigned long long)x.latency_p99_ns);
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace chi
