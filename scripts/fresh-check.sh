@@ -114,6 +114,7 @@ rootfs=$work/root
 log=${CHI_FRESH_LOG:-$cache/run-$(date +%Y%m%d-%H%M%S)-$$.log}
 mounts=()
 cleanup() {
+  set +e +o pipefail # a cleanup step that finds nothing to do must not end the cleanup
   local i
   for (( i = ${#mounts[@]} - 1; i >= 0; i-- )); do
     umount "${mounts[i]}" 2>/dev/null || umount -l "${mounts[i]}" 2>/dev/null || true
