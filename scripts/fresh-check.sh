@@ -26,12 +26,14 @@
 #                        CHI_FRESH_KEEP=1.
 #   CHI_FRESH_MIRROR     a Debian mirror instead of the one found in
 #                        /etc/apt/sources.list{,.d/*.sources,.d/*.list}.
+#   CHI_FRESH_REPO       the repository whose HEAD is cloned (default this
+#                        script's).
 #   CHI_FRESH_SRC        where in the root the clones go (default /srv).
 #   CHI_FRESH_LOG        the full log of the run (default
 #                        $CHI_FRESH_CACHE/run-DATE-PID.log).
 # Exit status: 0 when .ci/run (and demo.sh, when asked) exited 0.
 set -euo pipefail
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+repo=${CHI_FRESH_REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
 suite=bookworm
 arch=$(dpkg --print-architecture 2>/dev/null || echo amd64)
 cache=${CHI_FRESH_CACHE:-$HOME/.cache/chimaera-fresh}
