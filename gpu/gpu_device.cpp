@@ -123,6 +123,7 @@ chi_status_t GpuDevice::allocate() {
   size_t d2h_reply = hc.take(s.dslots * rec);
   size_t d2h_buf = bufs ? hc.take(s.dslots * s.payload_stride) : 0;
   size_t stop = hc.take(128);  // control staging, fault read-back; the lease words at +64
+  size_t diag = hc.take(CHI_DEV_DIAG_WORDS * sizeof(uint64_t));
   if (cudaError_t e = cudaHostAlloc(reinterpret_cast<void **>(&pinned_), hc.size,
                                     cudaHostAllocPortable | cudaHostAllocMapped);
       e != cudaSuccess) {
@@ -136,6 +137,7 @@ chi_status_t GpuDevice::allocate() {
     return cuda_error(CHI_ERR_INTERNAL, id_, "mapping pinned memory", e);
   stop_src_ = reinterpret_cast<uint32_t *>(pinned_ + stop);
   host_lease_ = reinterpret_cast<uint64_t *>(pinned_ + stop + 64);
+  diag_ = reinterpret_cast<uint64_t *>(pinned_ + diag);
   for (cudaEvent_t *ev : {&ended_[0], &ended_[1]})
     if (cudaError_t e = cudaEventCreateWithFlags(ev, cudaEventDisableTiming); e != cudaSuccess)
       return cuda_error(CHI_ERR_INTERNAL, id_, "creating an event", e);
@@ -193,6 +195,7 @@ chi_status_t GpuDevice::allocate() {
   l.submit_timeout_us = s.submit_timeout_us;
   l.d2h_released = reinterpret_cast<uint32_t *>(dev_ + d2h_released);
   l.wait_line = reinterpret_cast<uint64_t *>(dev_ + wait_line);
+  l.diag = reinterpret_cast<uint64_t *>(pdev + diag);
 
   chi_dev_orch_state_t os;
   std::memset(&os, 0, sizeof os);
@@ -272,6 +275,7 @@ void GpuDevice::lease_loop() {
   (void)cudaSetDevice(ordinal_);
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
+    lease_phase(CHI_DIAG_PHASE_IDLE, launches_.load());
     lease_cv_.wait(lock, [this] { return lease_quit_.load() || (running_ && !broken_); });
     if (lease_quit_.load()) return;
     // Launch n is the only one queued (the successor is queued only below,
@@ -284,11 +288,14 @@ void GpuDevice::lease_loop() {
     // mu_), it stays as long as kernels use the device routes.
     __atomic_store_n(&host_lease_[1], n + 2, __ATOMIC_RELEASE);
     lock.unlock();
+    lease_phase(CHI_DIAG_PHASE_SLEEP, n);
     if (due - kLeaseWakeEarlyNs > now_ns()) sleep_until_ns(due - kLeaseWakeEarlyNs, lease_quit_);
     // Queue the successor behind launch n: it starts as soon as n ends.
+    lease_phase(CHI_DIAG_PHASE_LOCK, n);
     lock.lock();
     if (lease_quit_.load()) return;
     if (!running_ || broken_ || launches_.load() - 1 != n) continue;  // paused, or launched anew
+    lease_phase(CHI_DIAG_PHASE_QUEUE, n);
     if (launch_locked(true) != CHI_OK) {
       broken_ = true;
       running_ = false;
@@ -297,6 +304,7 @@ void GpuDevice::lease_loop() {
     }
     __atomic_store_n(&host_lease_[1], n + 3, __ATOMIC_RELEASE);
     lock.unlock();
+    lease_phase(CHI_DIAG_PHASE_WAIT_END, n);
     // Wait for launch n to end (about when its lease does): its successor
     // starts then, and that start times the successor's lease.
     if (due - kLeaseEndSpinNs > now_ns()) sleep_until_ns(due - kLeaseEndSpinNs, lease_quit_);
@@ -313,6 +321,7 @@ void GpuDevice::lease_loop() {
         for (int i = 0; i < 64; ++i) cpu_relax();  // spares the CUDA runtime's locks
       }
     }
+    lease_phase(CHI_DIAG_PHASE_LOCK, n);
     lock.lock();
     if (lease_quit_.load()) return;
     if (e != cudaSuccess && e != cudaErrorNotReady) {
@@ -324,6 +333,15 @@ void GpuDevice::lease_loop() {
     }
     if (e == cudaSuccess && launches_.load() == n + 2) launched_at_ = now_ns();  // n + 1 started
   }
+}
+
+void GpuDevice::lease_phase(uint64_t phase, uint64_t n) {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  __atomic_store_n(&diag_[CHI_DIAG_LEASE_AT], uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec),
+                   __ATOMIC_RELAXED);
+  __atomic_store_n(&diag_[CHI_DIAG_LEASE_N], n, __ATOMIC_RELAXED);
+  __atomic_store_n(&diag_[CHI_DIAG_LEASE_PHASE], phase, __ATOMIC_RELEASE);
 }
 
 void GpuDevice::context(chi_dev_context_t *ctx) const {

@@ -78,6 +78,8 @@ class GpuDevice {
   // The lease thread: relaunches the orchestrator each time its lease ends,
   // until pause (waits for resume) or shutdown.
   void lease_loop();
+  // Where the lease thread is (diag words CHI_DIAG_LEASE_*), for watchdogs.
+  void lease_phase(uint64_t phase, uint64_t n);
 
   Runtime &rt_;
   const int32_t id_;
@@ -89,6 +91,7 @@ class GpuDevice {
   uint8_t *dev_ = nullptr;
   uint32_t *stop_src_ = nullptr;  // pinned source of the stop-flag copies
   uint64_t *host_lease_ = nullptr;  // pinned, read by the kernel: launches queued, launch being queued
+  uint64_t *diag_ = nullptr;        // pinned, CHI_DEV_DIAG_WORDS (chimaera/device_layout.h)
   cudaEvent_t ended_[2] = {nullptr, nullptr};  // recorded after launch i into ended_[i & 1]
   chi_dev_ctx_layout_t layout_{};
   chi_dev_orch_state_t *state_ = nullptr;  // device

@@ -93,6 +93,8 @@ typedef struct chi_dev_ctx_layout {
   uint32_t *d2h_released;    /* GPU->CPU slots released before their reply came: the orchestrator sweeps them */
   uint64_t *wait_line;       /* submits waiting for a slot, [0] tickets taken, [1] served: GPU->GPU;
                               * [16], [17]: GPU->CPU (device memory) */
+  uint64_t *diag;            /* pinned, CHI_DEV_DIAG_WORDS: the orchestrator's and the lease
+                              * thread's state, for watchdogs and tests (CHI_DIAG_*) */
 } chi_dev_ctx_layout_t;
 
 /* The orchestrator's state in device memory, passed to its kernel. */
@@ -123,6 +125,33 @@ typedef struct chi_dev_orch_state {
 /* Largest orchestrator block, in warps: the orchestrator kernels are
  * compiled for it (__launch_bounds__), so they always fit the register file. */
 #define CHI_DEV_ORCH_MAX_WARPS_PER_BLOCK 16u
+
+/* Words of chi_dev_ctx_layout_t.diag (plain stores by one writer each; a
+ * reader sees each word whole, not the words as one snapshot).  Device
+ * times are the GPU's global timer, host times CLOCK_REALTIME, both in ns. */
+#define CHI_DEV_DIAG_WORDS 32u
+#define CHI_DIAG_KEEP_AT 0u      /* keeper: time of its last look past the lease */
+#define CHI_DIAG_KEEP_EPOCH 1u   /* keeper: its launch's index */
+#define CHI_DIAG_KEEP_HOST 2u    /* keeper: host_lease[0] << 32 | host_lease[1] (low 32 bits each) */
+#define CHI_DIAG_KEEP_QUIET 3u   /* keeper: ns since the device routes last changed */
+#define CHI_DIAG_KEEP_STATE 4u   /* keeper: in_use | branch << 8 (CHI_DIAG_BRANCH_*) | leave << 16 */
+#define CHI_DIAG_START_EPOCH 5u  /* the newest launch's index ... */
+#define CHI_DIAG_START_AT 6u     /* ... and when it started */
+#define CHI_DIAG_END 7u          /* the last launch to end: index << 8 | why (CHI_DIAG_END_*) */
+#define CHI_DIAG_END_AT 8u
+#define CHI_DIAG_LEASE_PHASE 16u /* lease thread: CHI_DIAG_PHASE_* */
+#define CHI_DIAG_LEASE_AT 17u    /* ... since when (host) */
+#define CHI_DIAG_LEASE_N 18u     /* ... the launch it looks after */
+#define CHI_DIAG_BRANCH_QUEUED 1u /* the successor is queued */
+#define CHI_DIAG_BRANCH_TRYING 2u /* the successor is being queued (maybe held back) */
+#define CHI_DIAG_BRANCH_LATE 3u   /* neither */
+#define CHI_DIAG_END_STOP 1u      /* stop flag (pause, shutdown) */
+#define CHI_DIAG_END_LEASE 2u     /* lease over (the keeper's decision) */
+#define CHI_DIAG_PHASE_IDLE 1u    /* waiting for the orchestrator to run */
+#define CHI_DIAG_PHASE_SLEEP 2u   /* until shortly before the lease ends */
+#define CHI_DIAG_PHASE_QUEUE 3u   /* queuing the successor (a CUDA launch) */
+#define CHI_DIAG_PHASE_WAIT_END 4u /* waiting for the running launch to end (event queries) */
+#define CHI_DIAG_PHASE_LOCK 5u    /* taking the device's lock */
 
 #define CHI_DEV_FAULT_ABI 1u /* kernel compiled against another chimaera_device.h */
 

@@ -353,6 +353,7 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
   uint64_t epoch = 0;
   const bool keeper = lease_ns != 0 && gw == st->nwarps - 1u;
   uint64_t keep_sig = 0, keep_since = t_start, keep_sampled = 0, trying_since = 0;
+  bool keep_in_use = false;
   /* The last warp also frees released GPU->CPU slots (sweep_released). */
   const bool sweeper = gw == st->nwarps - 1u;
   uint64_t swept_at = 0;
@@ -364,6 +365,10 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
     if (chi_port::shfl(stop0, 0)) return;
     bool in_use;
     if (keeper) keep_sig = route_signature(l, lane, &in_use);
+    if (gw == 0 && lane == 0 && l->diag) {
+      chi_port::ll_store8(l->diag + CHI_DIAG_START_EPOCH, epoch);
+      chi_port::ll_store8(l->diag + CHI_DIAG_START_AT, t_start);
+    }
   }
   for (;;) {
     /* The stop flag's load overlaps this round's polls; it is looked at after them. */
@@ -409,6 +414,7 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
           if (now - trying_since >= kKeeperBlockedNs) {
             bool in_use;
             const uint64_t sig = route_signature(l, lane, &in_use);
+            keep_in_use = in_use;
             if (sig != keep_sig) {
               keep_sig = sig;
               keep_since = now;
@@ -420,13 +426,29 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
           trying_since = 0;
           leave = now - lease_end >= kKeeperHostLateNs;
         }
+        if (lane == 0 && l->diag) {
+          const uint32_t branch = queued >= epoch + 2u  ? CHI_DIAG_BRANCH_QUEUED
+                                  : trying == epoch + 2u ? CHI_DIAG_BRANCH_TRYING
+                                                         : CHI_DIAG_BRANCH_LATE;
+          chi_port::ll_store16(l->diag + CHI_DIAG_KEEP_AT, now, epoch);
+          chi_port::ll_store16(l->diag + CHI_DIAG_KEEP_HOST, (queued << 32) | (trying & 0xFFFFFFFFull),
+                               now - keep_since);
+          chi_port::ll_store8(l->diag + CHI_DIAG_KEEP_STATE,
+                              (keep_in_use ? 1u : 0u) | (branch << 8) | ((leave ? 1u : 0u) << 16));
+        }
         if (leave) {
           if (lane == 0) chi_port::st_relaxed_dev(lease_over, epoch + 1u);
           expired = 1u;
         }
       }
     }
-    if (chi_port::shfl(stop | expired, 0)) break;
+    if (chi_port::shfl(stop | expired, 0)) {
+      if (keeper && lane == 0 && l->diag) {
+        chi_port::ll_store8(l->diag + CHI_DIAG_END_AT, chi_port::timer_ns());
+        chi_port::ll_store8(l->diag + CHI_DIAG_END, (epoch << 8) | (stop ? CHI_DIAG_END_STOP : CHI_DIAG_END_LEASE));
+      }
+      break;
+    }
     if (ran) {
       idle_since = 0;
     } else if (!poller) {

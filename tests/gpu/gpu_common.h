@@ -81,4 +81,96 @@ static inline int gt_have_cuda(void) {
   return 1;
 }
 
+/* ------------------------------------------------ orchestrator state (diag) */
+
+#ifdef __cplusplus
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+/* The diag words of a GPU (chimaera/device_layout.h, CHI_DIAG_*), host-readable. */
+static inline const volatile uint64_t *gt_diag(const chi_dev_context_t *ctx) {
+  const chi_dev_ctx_layout_t *l = (const chi_dev_ctx_layout_t *)ctx;
+  if (!l->diag) return NULL;
+  cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, l->diag) != cudaSuccess || !a.hostPointer) {
+    cudaGetLastError();
+    return NULL;
+  }
+  return (const volatile uint64_t *)a.hostPointer;
+}
+
+static inline uint64_t gt_realtime_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* One line with every diag word decoded; `now` (host realtime) gives ages. */
+static inline std::string gt_diag_line(const volatile uint64_t *d, uint64_t now) {
+  if (!d) return "(no diag words)";
+  static const char *const phases[] = {"?", "idle", "sleep", "queue", "wait-end", "lock"};
+  static const char *const branches[] = {"-", "queued", "trying", "late"};
+  const uint64_t host = d[CHI_DIAG_KEEP_HOST], st = d[CHI_DIAG_KEEP_STATE], end = d[CHI_DIAG_END];
+  const uint64_t ph = d[CHI_DIAG_LEASE_PHASE];
+  char buf[512];
+  snprintf(buf, sizeof buf,
+           "lease thread: %s for launch %llu since %.1f us | newest launch %llu started %.1f us ago | "
+           "last end: launch %llu (%s) %.1f us ago | keeper of %llu %.1f us ago: host queued %llu trying %llu, "
+           "quiet %.1f us, in use %d, %s%s",
+           phases[ph < 6 ? ph : 0], (unsigned long long)d[CHI_DIAG_LEASE_N],
+           (double)(now - d[CHI_DIAG_LEASE_AT]) / 1e3, (unsigned long long)d[CHI_DIAG_START_EPOCH],
+           (double)(int64_t)(now - d[CHI_DIAG_START_AT]) / 1e3, (unsigned long long)(end >> 8),
+           (end & 0xFF) == CHI_DIAG_END_STOP ? "stop" : (end & 0xFF) == CHI_DIAG_END_LEASE ? "lease" : "-",
+           (double)(int64_t)(now - d[CHI_DIAG_END_AT]) / 1e3, (unsigned long long)d[CHI_DIAG_KEEP_EPOCH],
+           (double)(int64_t)(now - d[CHI_DIAG_KEEP_AT]) / 1e3, (unsigned long long)(host >> 32),
+           (unsigned long long)(host & 0xFFFFFFFFull), (double)d[CHI_DIAG_KEEP_QUIET] / 1e3, (int)(st & 1),
+           branches[((st >> 8) & 0xFF) < 4 ? (st >> 8) & 0xFF : 0], (st >> 16) & 1 ? ", leaving" : "");
+  return buf;
+}
+
+/* A watchdog for GPU test programs: if the program is still in one phase
+ * after `seconds`, it prints the phase and the orchestrator's state (the
+ * diag words: the kernel's last decisions, the lease thread's phase) and
+ * aborts, so a hang fails with a reason instead of waiting for ctest's
+ * timeout.  CHI_TEST_WATCHDOG_S overrides `seconds`. */
+struct GtWatchdog {
+  const volatile uint64_t *diag = NULL;
+  std::atomic<uint64_t> since{0};
+  std::mutex mu;
+  std::string phase = "start";
+  std::atomic<bool> quit{false};
+  std::thread th;
+  void start(const chi_dev_context_t *ctx, uint32_t seconds) {
+    diag = gt_diag(ctx);
+    seconds = gt_env_count("CHI_TEST_WATCHDOG_S", seconds);
+    since = gt_realtime_ns();
+    th = std::thread([this, seconds] {
+      while (!quit.load()) {
+        struct timespec ts = {0, 100000000};
+        nanosleep(&ts, NULL);
+        const uint64_t now = gt_realtime_ns();
+        if (now - since.load() < (uint64_t)seconds * 1000000000ull) continue;
+        std::lock_guard<std::mutex> lock(mu);
+        fprintf(stderr, "watchdog: still in '%s' after %u s; orchestrator: %s\n", phase.c_str(), seconds,
+                gt_diag_line(diag, now).c_str());
+        fflush(stderr);
+        abort();
+      }
+    });
+  }
+  void enter(const char *what) {
+    std::lock_guard<std::mutex> lock(mu);
+    phase = what;
+    since = gt_realtime_ns();
+  }
+  void stop() {
+    quit = true;
+    if (th.joinable()) th.join();
+  }
+};
+#endif /* __cplusplus */
+
 #endif /* CHI_TESTS_GPU_COMMON_H */

@@ -35,6 +35,63 @@ static chi_runtime_t *g_rt;
 static chi_dev_context_t g_ctx;
 static chi_method_t g_slow_method; /* CPU handler that sleeps 2 ms, then echoes */
 
+static GtWatchdog g_wd;
+
+/* The orchestrator's diag words, sampled every 20 us into a ring while a
+ * test runs, so that a slow device-wide call can be explained afterwards:
+ * what the keeper decided and where the lease thread was meanwhile. */
+struct DiagSample {
+  uint64_t at;
+  uint64_t w[CHI_DEV_DIAG_WORDS];
+};
+static std::vector<DiagSample> g_ring(1u << 16);
+static std::atomic<uint64_t> g_ring_n{0};
+static std::atomic<bool> g_sampling{false};
+static std::thread g_sampler;
+
+static void sampler_start(void) {
+  const volatile uint64_t *d = gt_diag(&g_ctx);
+  if (!d) return;
+  g_sampling = true;
+  g_sampler = std::thread([d] {
+    DiagSample last{};
+    while (g_sampling.load()) {
+      DiagSample s;
+      for (uint32_t i = 0; i < CHI_DEV_DIAG_WORDS; ++i) s.w[i] = d[i];
+      s.at = gt_realtime_ns();
+      if (memcmp(s.w, last.w, sizeof s.w) != 0) {
+        g_ring[g_ring_n.load() & (g_ring.size() - 1)] = s;
+        g_ring_n.fetch_add(1);
+        last = s;
+      }
+      struct timespec ts = {0, 20000};
+      nanosleep(&ts, NULL);
+    }
+  });
+}
+
+static void sampler_stop(void) {
+  g_sampling = false;
+  if (g_sampler.joinable()) g_sampler.join();
+}
+
+/* Prints the sampled states during [t0, t1] (host realtime), at most `most` lines. */
+static void explain_window(const char *what, uint64_t t0, uint64_t t1, int most) {
+  const uint64_t n = g_ring_n.load(), size = g_ring.size();
+  printf("#   %s took %.1f us; orchestrator states meanwhile:\n", what, (t1 - t0) / 1e3);
+  int lines = 0;
+  for (uint64_t i = n > size ? n - size : 0; i < n && lines < most; ++i) {
+    const DiagSample &s = g_ring[i & (size - 1)];
+    if (s.at + 50000 < t0 || s.at > t1) continue;
+    printf("#   +%8.1f us  %s\n", ((double)(int64_t)(s.at - t0)) / 1e3,
+           gt_diag_line((const volatile uint64_t *)s.w, s.at).c_str());
+    ++lines;
+  }
+}
+
+/* Device-wide calls slower than this get their window explained. */
+#define SLOW_CALL_US 5000.0
+
 /* Device timeouts here: a lost task fails in seconds, not the 20 s of GT_WAIT_NS. */
 #define WAIT_NS 5000000000ll
 
@@ -177,8 +234,25 @@ static void dev_load(chi_route_t route, std::atomic<bool> *stop, unsigned long l
  * call's time in microseconds. */
 struct DeviceWideTimes {
   std::vector<double> free_after_kernel, sync, memcpy_legacy, free_host, free_plain;
+  struct Slow {
+    const char *what;
+    uint64_t t0, t1;
+  };
+  std::vector<Slow> slow; /* calls over SLOW_CALL_US, host realtime */
   long bad_words = 0; /* checked by the caller (this may run on another thread) */
 };
+
+/* Runs one device-wide call, appends its time (us) to `v`, and keeps its
+ * window when it was slow. */
+template <class F>
+static void timed(DeviceWideTimes *t, const char *what, std::vector<double> &v, F call) {
+  const uint64_t r0 = gt_realtime_ns();
+  auto t0 = std::chrono::steady_clock::now();
+  call();
+  const double us = us_since(t0);
+  v.push_back(us);
+  if (us > SLOW_CALL_US && t->slow.size() < 64) t->slow.push_back({what, r0, gt_realtime_ns()});
+}
 
 static void device_wide_round(DeviceWideTimes *t, uint32_t round, cudaStream_t s, uint32_t *host) {
   const uint32_t n = 1u << 18; /* 1 MiB of words */
@@ -192,27 +266,18 @@ static void device_wide_round(DeviceWideTimes *t, uint32_t round, cudaStream_t s
   uint32_t *q;
   CK(cudaMalloc((void **)&q, n * 4));
   CK(cudaMemcpyAsync(q, p, n * 4, cudaMemcpyDeviceToDevice, s));
-  auto t0 = std::chrono::steady_clock::now();
-  CK(cudaFree(p));
-  t->free_after_kernel.push_back(us_since(t0));
-  t0 = std::chrono::steady_clock::now();
-  CK(cudaDeviceSynchronize());
-  t->sync.push_back(us_since(t0));
+  timed(t, "cudaFree after a kernel", t->free_after_kernel, [&] { CK(cudaFree(p)); });
+  timed(t, "cudaDeviceSynchronize", t->sync, [&] { CK(cudaDeviceSynchronize()); });
   memset(host, 0, n * 4);
-  t0 = std::chrono::steady_clock::now();
-  CK(cudaMemcpy(host, q, n * 4, cudaMemcpyDeviceToHost)); /* legacy default stream */
-  t->memcpy_legacy.push_back(us_since(t0));
+  timed(t, "cudaMemcpy legacy", t->memcpy_legacy,
+        [&] { CK(cudaMemcpy(host, q, n * 4, cudaMemcpyDeviceToHost)); /* legacy default stream */ });
   for (uint32_t i = 0; i < n; i += 97)
     if (host[i] != (i ^ round) * 2u + 1u) ++t->bad_words;
-  t0 = std::chrono::steady_clock::now();
-  CK(cudaFree(q));
-  t->free_plain.push_back(us_since(t0));
+  timed(t, "cudaFree", t->free_plain, [&] { CK(cudaFree(q)); });
   void *pinned;
   CK(cudaMallocHost(&pinned, 1 << 16));
   memset(pinned, 1, 1 << 16);
-  t0 = std::chrono::steady_clock::now();
-  CK(cudaFreeHost(pinned));
-  t->free_host.push_back(us_since(t0));
+  timed(t, "cudaFreeHost", t->free_host, [&] { CK(cudaFreeHost(pinned)); });
 }
 
 static void report_device_wide(const char *when, const DeviceWideTimes &t) {
@@ -227,12 +292,15 @@ static void report_device_wide(const char *when, const DeviceWideTimes &t) {
   report(name, t.free_plain);
   snprintf(name, sizeof name, "%s: cudaFreeHost", when);
   report(name, t.free_host);
+  printf("# %s: %zu call(s) over %.0f us\n", when, t.slow.size(), SLOW_CALL_US);
+  for (size_t i = 0; i < t.slow.size() && i < 2; ++i) explain_window(t.slow[i].what, t.slow[i].t0, t.slow[i].t1, 24);
 }
 
 /* ------------------------------------------------------------------ tests */
 
 static void test_lazy_first_launch(void **state) {
   (void)state;
+  g_wd.enter("test_lazy_first_launch");
   const char *mode = getenv("CUDA_MODULE_LOADING");
   printf("# CUDA_MODULE_LOADING=%s\n", mode ? mode : "(unset)");
   uint32_t *d, h[32];
@@ -279,6 +347,7 @@ static void test_lazy_first_launch(void **state) {
 
 static void test_device_wide_idle(void **state) {
   (void)state;
+  g_wd.enter("test_device_wide_idle");
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   std::vector<uint32_t> host(1u << 18);
@@ -300,6 +369,7 @@ static void test_device_wide_idle(void **state) {
 
 static void test_device_wide_under_load(void **state) {
   (void)state;
+  g_wd.enter("test_device_wide_under_load");
   unsigned long long *counts; /* [0..1] GPU->GPU, [2..3] GPU->CPU */
   CK(cudaMalloc((void **)&counts, 4 * sizeof(unsigned long long)));
   CK(cudaMemset(counts, 0, 4 * sizeof(unsigned long long)));
@@ -337,6 +407,7 @@ static void test_device_wide_under_load(void **state) {
 
 static void test_library_loop_beside_waiter(void **state) {
   (void)state;
+  g_wd.enter("test_library_loop_beside_waiter");
   unsigned long long *counts;
   CK(cudaMalloc((void **)&counts, 3 * sizeof(unsigned long long)));
   CK(cudaMemset(counts, 0, 3 * sizeof(unsigned long long)));
@@ -390,6 +461,7 @@ static void test_library_loop_beside_waiter(void **state) {
  * GPU still lets device-wide calls return. */
 static void test_pause_resume_with_lease(void **state) {
   (void)state;
+  g_wd.enter("test_pause_resume_with_lease");
   std::atomic<bool> stop{false};
   std::atomic<long> ok{0}, bad{0};
   std::vector<std::thread> th;
@@ -444,7 +516,11 @@ int main(void) {
       cmocka_unit_test(test_library_loop_beside_waiter),
       cmocka_unit_test(test_pause_resume_with_lease),
   };
+  g_wd.start(&g_ctx, 120);
+  sampler_start();
   int failed = chi_test_run("gpu_coexist", tests);
+  sampler_stop();
+  g_wd.stop();
   s = chi_finalize(g_rt);
   if (s != CHI_OK) {
     fprintf(stderr, "chi_finalize: %s: %s\n", chi_status_string(s), chi_last_error_message());
