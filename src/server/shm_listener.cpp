@@ -18,6 +18,7 @@
 #include "ipc/handshake.h"
 #include "server/service.h"
 #include "server/session.h"
+#include "server/wake.h"
 
 namespace chi {
 
@@ -297,8 +298,9 @@ void ShmListener::serve_request(Session *s) {
     st = svc_.control(ipc::Op(h.op), h.flags, buf, h.length, &reply,
                       shown_ + " client " + std::to_string(s->id()) + " (pid " + std::to_string(s->pid()) + ")");
   }
-  ipc::send_msg(s->sock(), ipc::Kind::kControlReply, ipc::Op(0), 0, st, reply.data(),
-                uint32_t(std::min<size_t>(reply.size(), ipc::kMaxMsgPayload)));
+  if (!ipc::send_msg(s->sock(), ipc::Kind::kControlReply, ipc::Op(0), 0, st, reply.data(),
+                     uint32_t(std::min<size_t>(reply.size(), ipc::kMaxMsgPayload))))
+    return detach(s, "connection closed");
   if (st == CHI_ERR_PROTOCOL) detach(s, "unknown control request");
 }
 

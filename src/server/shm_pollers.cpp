@@ -14,6 +14,7 @@
 #include "core/runtime.h"
 #include "server/service.h"
 #include "server/session.h"
+#include "server/wake.h"
 
 namespace chi {
 

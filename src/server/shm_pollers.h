@@ -47,9 +47,4 @@ class PollerPool {
   uint32_t next_ = 0;  // control thread only
 };
 
-// Writes 1 to an eventfd (a wake-up); a full counter is a wake-up pending too.
-void signal_fd(int fd);
-// Reads an eventfd's counter to zero.
-void drain_fd(int fd);
-
 }  // namespace chi

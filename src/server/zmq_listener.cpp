@@ -18,7 +18,7 @@
 #include "ipc/curve.h"
 #include "ipc/handshake.h"
 #include "ipc/zmq_events.h"
-#include "server/shm_pollers.h"
+#include "server/wake.h"
 
 namespace chi {
 
