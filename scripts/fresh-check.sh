@@ -105,6 +105,7 @@ if [ ! -s "$tarball" ]; then
     rm -rf "$boot"
     die "debootstrap failed (log: $cache/debootstrap.log)"
   fi
+  chmod 755 "$boot" # mktemp's 0700 would become the root's /
   # Stray mounts of a failed second stage would be archived and deleted.
   tar -C "$boot" --numeric-owner --one-file-system -czf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball"
   rm -rf --one-file-system "$boot"
@@ -142,6 +143,7 @@ trap 'exit 130' INT TERM
 rm -rf "$rootfs"
 mkdir -p "$rootfs"
 tar -C "$rootfs" --numeric-owner -xzf "$tarball"
+chmod 755 "$rootfs" # a / that other users may traverse, as on any machine
 
 # apt sources as on a Debian 12 machine with this mirror: every Debian 12
 # entry of this machine's sources (updates and security included).
