@@ -127,6 +127,17 @@ chi_status_t Client::apply_gpu_setting(int32_t server_gpus) {
   return CHI_OK;
 }
 
+chi_status_t Client::take_slot(chi_route_t route, chi_method_t method, size_t input_size, uint32_t max_payload,
+                               uint32_t nslots, uint32_t *slot) {
+  if (chi_status_t s = check_submit(route, method, input_size, max_payload); s != CHI_OK)
+    return gone() ? disconnected("chi_submit") : s;
+  if (acquire_slot(slot)) return CHI_OK;
+  if (gone()) return disconnected("chi_submit");
+  return set_error(CHI_ERR_AGAIN,
+                   cfg_.submit_blocking ? "all %u client slots stayed in use for %u ms" : "all %u client slots are in use",
+                   nslots, cfg_.submit_timeout_ms);
+}
+
 chi_status_t Client::check_submit(chi_route_t route, chi_method_t method, size_t input_size,
                                   uint32_t max_payload) {
   if (route < CHI_ROUTE_LOCAL) return set_error(CHI_ERR_INVALID, "unknown route %d", route);

@@ -59,9 +59,17 @@ class Client {
   Client();
   // Derived destructors call this first: local handlers may still use the transport.
   void shutdown_local();
-  // chi_submit's checks that need no round trip (method ids refreshed once).
-  chi_status_t check_submit(chi_route_t route, chi_method_t method, size_t input_size,
-                            uint32_t max_payload);
+  // chi_submit's steps before a transport writes the task: the checks that
+  // need no round trip (method ids refreshed once), then a free slot of the
+  // transport's (acquire_slot, nslots of them).  A server found gone on the
+  // way answers CHI_ERR_DISCONNECTED.
+  chi_status_t take_slot(chi_route_t route, chi_method_t method, size_t input_size, uint32_t max_payload,
+                         uint32_t nslots, uint32_t *slot);
+  // A free slot, waiting up to submit_timeout_ms when submit_blocking.
+  virtual bool acquire_slot(uint32_t *slot) = 0;
+  virtual bool gone() const = 0;
+  // Marks the runtime disconnected; CHI_ERR_DISCONNECTED with the message.
+  virtual chi_status_t disconnected(const char *where) = 0;
   void note_method_limit(uint32_t limit);
   // The one Welcome check of every transport: the server's answer to the
   // hello (status and payload), then, for a task session, its GPUs
@@ -82,6 +90,8 @@ class Client {
   std::string address_;
 
  private:
+  chi_status_t check_submit(chi_route_t route, chi_method_t method, size_t input_size, uint32_t max_payload);
+
   std::mutex local_mu_;
   std::unique_ptr<Runtime> local_;
   std::atomic<Runtime *> local_ptr_{nullptr};  // local_, published for lock-free readers

@@ -185,17 +185,10 @@ chi_status_t ShmClient::submit(chi_route_t route, chi_method_t method, const voi
   uint32_t state = seg_.header()->server_state.load(std::memory_order_acquire);
   if (gone_.load(std::memory_order_acquire) || state == ipc::kGone) return disconnected("chi_submit");
   if (state == ipc::kStopping) return set_error(CHI_ERR_SHUTDOWN, "the server %s is stopping", address_.c_str());
-  if (chi_status_t s = check_submit(route, method, input_size, seg_.layout.max_payload); s != CHI_OK) {
-    if (gone_.load(std::memory_order_acquire)) return disconnected("chi_submit");
-    return s;
-  }
   uint32_t slot;
-  if (!acquire_slot(&slot)) {
-    if (gone_.load(std::memory_order_acquire)) return disconnected("chi_submit");
-    return set_error(CHI_ERR_AGAIN, cfg_.submit_blocking ? "all %u client slots stayed in use for %u ms"
-                                                         : "all %u client slots are in use",
-                     seg_.layout.nslots, cfg_.submit_timeout_ms);
-  }
+  if (chi_status_t s = take_slot(route, method, input_size, seg_.layout.max_payload, seg_.layout.nslots, &slot);
+      s != CHI_OK)
+    return s;
   const uint32_t gen = slot::begin(mine_[slot]);
   ipc::post_task(seg_, slot, gen, method, route, input, uint32_t(input_size));
   bool ring = false;

@@ -33,8 +33,9 @@ class ShmClient final : public Client {
   chi_status_t handshake(const std::string &address, uint32_t kind);
   // False (and the runtime marked disconnected) once the server is gone.
   bool server_alive();
-  chi_status_t disconnected(const char *where);
-  bool acquire_slot(uint32_t *slot);
+  chi_status_t disconnected(const char *where) override;
+  bool acquire_slot(uint32_t *slot) override;
+  bool gone() const override { return gone_.load(std::memory_order_acquire); }
   void free_slot(uint32_t slot);
   void reap_orphans();
   chi_status_t check(uint32_t slot, uint32_t gen) const;

@@ -406,17 +406,10 @@ void ZmqClient::free_slot(uint32_t i) {
 chi_status_t ZmqClient::submit(chi_route_t route, chi_method_t method, const void *input, size_t input_size,
                                chi_future_t *future) {
   if (gone_.load(std::memory_order_acquire)) return disconnected("chi_submit");
-  if (chi_status_t s = check_submit(route, method, input_size, max_payload_); s != CHI_OK) {
-    if (gone_.load(std::memory_order_acquire)) return disconnected("chi_submit");
-    return s;
-  }
   uint32_t i;
-  if (!acquire_slot(&i)) {
-    if (gone_.load(std::memory_order_acquire)) return disconnected("chi_submit");
-    return set_error(CHI_ERR_AGAIN, cfg_.submit_blocking ? "all %u client slots stayed in use for %u ms"
-                                                         : "all %u client slots are in use",
-                     nslots_.load(std::memory_order_relaxed), cfg_.submit_timeout_ms);
-  }
+  if (chi_status_t s = take_slot(route, method, input_size, max_payload_, nslots_.load(std::memory_order_relaxed), &i);
+      s != CHI_OK)
+    return s;
   Slot &s = slots_[i];
   s.method = method;
   s.route = route;

@@ -57,8 +57,9 @@ class ZmqClient final : public Client {
   void io_monitor();
   void mark_gone(const char *why);
   void wake_io();
-  chi_status_t disconnected(const char *where);
-  bool acquire_slot(uint32_t *slot);
+  chi_status_t disconnected(const char *where) override;
+  bool acquire_slot(uint32_t *slot) override;
+  bool gone() const override { return gone_.load(std::memory_order_acquire); }
   void free_slot(uint32_t slot);
   chi_status_t check(uint32_t slot, uint32_t gen) const;
 

@@ -30,17 +30,22 @@ inline void cpu_relax() {
 #endif
 }
 
-// Sleeps while *word == expected, at most timeout_ns (< 0: no bound).  May
-// return early (spurious wake-ups): callers re-check their condition.
-inline void futex_wait(std::atomic<uint32_t> *word, uint32_t expected, int64_t timeout_ns) {
+// Sleeps while *word == expected, at most timeout_ns (< 0: no bound), with
+// futex operation op.  Its result is not needed: it returns early (spurious
+// wake-ups, EINTR, EAGAIN when the word changed, ETIMEDOUT) and callers
+// re-check their condition.
+inline void futex_wait_op(std::atomic<uint32_t> *word, uint32_t expected, int64_t timeout_ns, int op) {
   timespec ts, *tsp = nullptr;
   if (timeout_ns >= 0) {
     ts.tv_sec = timeout_ns / 1000000000;
     ts.tv_nsec = timeout_ns % 1000000000;
     tsp = &ts;
   }
-  syscall(SYS_futex, reinterpret_cast<uint32_t *>(word), FUTEX_WAIT_PRIVATE, expected, tsp,
-          nullptr, 0);
+  syscall(SYS_futex, reinterpret_cast<uint32_t *>(word), op, expected, tsp, nullptr, 0);
+}
+
+inline void futex_wait(std::atomic<uint32_t> *word, uint32_t expected, int64_t timeout_ns) {
+  futex_wait_op(word, expected, timeout_ns, FUTEX_WAIT_PRIVATE);
 }
 
 inline void futex_wake(std::atomic<uint32_t> *word, int count = INT_MAX) {
@@ -51,13 +56,7 @@ inline void futex_wake(std::atomic<uint32_t> *word, int count = INT_MAX) {
 // The same on a word in memory shared between processes (MAP_SHARED): the
 // kernel keys these by the page, not by the address space.
 inline void futex_wait_shared(std::atomic<uint32_t> *word, uint32_t expected, int64_t timeout_ns) {
-  timespec ts, *tsp = nullptr;
-  if (timeout_ns >= 0) {
-    ts.tv_sec = timeout_ns / 1000000000;
-    ts.tv_nsec = timeout_ns % 1000000000;
-    tsp = &ts;
-  }
-  syscall(SYS_futex, reinterpret_cast<uint32_t *>(word), FUTEX_WAIT, expected, tsp, nullptr, 0);
+  futex_wait_op(word, expected, timeout_ns, FUTEX_WAIT);
 }
 
 inline void futex_wake_shared(std::atomic<uint32_t> *word, int count = INT_MAX) {

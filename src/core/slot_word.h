@@ -190,12 +190,7 @@ chi_status_t wait(std::atomic<uint32_t> &s, uint32_t gen, int64_t timeout_ns, co
       const int64_t rest = std::max<int64_t>(0, timeout_ns - (now_ns() - start));
       left = left < 0 ? rest : std::min(left, rest);
     }
-    if (left != 0) {
-      if (p.shared)
-        futex_wait_shared(&s, want, left < 0 ? -1 : left);
-      else
-        futex_wait(&s, want, left < 0 ? -1 : left);
-    }
+    if (left != 0) futex_wait_op(&s, want, left < 0 ? -1 : left, p.shared ? FUTEX_WAIT : FUTEX_WAIT_PRIVATE);
     w = s.load(std::memory_order_acquire);
   }
   *seen = w;
