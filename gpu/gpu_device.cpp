@@ -159,6 +159,7 @@ chi_status_t GpuDevice::allocate() {
   size_t d2h_tail = dc.take(128);
   size_t d2h_released = dc.take(128);
   size_t wait_line = dc.take(256);
+  size_t gate = dc.take(128);
   size_t regions = dc.take(sizeof(chi_dev_regions_t));
   size_t stage = dc.take(CHI_DEV_MAX_REGIONS * sizeof(chi_dev_region_t));
   if (cudaError_t e = cudaMalloc(reinterpret_cast<void **>(&dev_), dc.size); e != cudaSuccess) {
@@ -196,6 +197,8 @@ chi_status_t GpuDevice::allocate() {
   l.d2h_released = reinterpret_cast<uint32_t *>(dev_ + d2h_released);
   l.wait_line = reinterpret_cast<uint64_t *>(dev_ + wait_line);
   l.diag = reinterpret_cast<uint64_t *>(pdev + diag);
+  l.gate = reinterpret_cast<uint64_t *>(dev_ + gate);
+  l.lease_us = uint32_t(s.lease_ns / 1000);
 
   chi_dev_orch_state_t os;
   std::memset(&os, 0, sizeof os);
@@ -281,6 +284,31 @@ void GpuDevice::lease_loop() {
     // Launch n is the only one queued (the successor is queued only below,
     // and pause/resume/set_orchestrator launch on an idle stream).
     const uint64_t n = launches_.load() - 1;
+    // It may have ended already: it steps aside when its successor is not
+    // queued in time (this thread held back in a CUDA call by another
+    // thread's device-wide call), and GPU->GPU submits wait for the next
+    // launch meanwhile.  Then the next one goes at once.
+    lock.unlock();
+    const cudaError_t done = cudaEventQuery(ended_[n & 1]);
+    lock.lock();
+    if (lease_quit_.load()) return;
+    if (!running_ || broken_ || launches_.load() - 1 != n) continue;
+    if (done == cudaSuccess) {
+      lease_phase(CHI_DIAG_PHASE_QUEUE, n);
+      if (launch_locked() != CHI_OK) {
+        broken_ = true;
+        running_ = false;
+        log(LogLevel::kError, "GPU %d: relaunching the orchestrator: %s", id_, last_error());
+      }
+      continue;
+    }
+    if (done != cudaErrorNotReady) {
+      broken_ = true;
+      running_ = false;
+      cuda_error(CHI_ERR_INTERNAL, id_, "orchestrator kernel failed", done);
+      log(LogLevel::kError, "%s", last_error());
+      continue;
+    }
     const int64_t due = launched_at_ + int64_t(shape_.lease_ns);
     // Tells launch n which launch comes next.  Past its lease it ends as soon
     // as that one is queued; while it is not (a device-wide call in another

@@ -78,7 +78,9 @@ CHI_DEVICE chi_status_t submit_one(const chi_dev_context_t *ctx, chi_route_t rou
   uint64_t t;
   if (kind == kKindLocal) {
     if ((s = local_prepare(l, method, input, input_size, &slot, &gen, wait, &t)) != CHI_OK) return s;
-    if (!queue_push_at(l, t, slot)) return CHI_ERR_INTERNAL;
+    const bool pushed = queue_push_at(l, t, slot);
+    gate_leave(l);
+    if (!pushed) return CHI_ERR_INTERNAL;
   } else {
     if ((s = cpu_prepare(l, input, input_size, &slot, &gen, wait, &t)) != CHI_OK) return s;
     cpu_publish(l, t, method, input, input_size, slot, gen);
@@ -433,6 +435,7 @@ CHI_DEVICE chi_status_t warp_submit(const chi_dev_context_t *ctx, chi_route_t ro
       const uint64_t t = base + chi_port::popc(group & chi_port::lanes_below(lane));
       if (k == kKindLocal) {
         if (!queue_push_at(l, t, slot)) s = CHI_ERR_INTERNAL;
+        gate_leave(l);
       } else {
         cpu_publish(l, t, method, input, input_size, slot, gen);
       }

@@ -95,6 +95,9 @@ typedef struct chi_dev_ctx_layout {
                               * [16], [17]: GPU->CPU (device memory) */
   uint64_t *diag;            /* pinned, CHI_DEV_DIAG_WORDS: the orchestrator's and the lease
                               * thread's state, for watchdogs and tests (CHI_DIAG_*) */
+  uint64_t *gate;            /* GPU->GPU gate (device): bit 63 set while the orchestrator has
+                              * stepped aside, low bits the submitters between ticket and push */
+  uint32_t lease_us;         /* gpu.lease_us */
 } chi_dev_ctx_layout_t;
 
 /* The orchestrator's state in device memory, passed to its kernel. */

@@ -267,15 +267,13 @@ CHI_DEVICE_NOINLINE uint32_t poll_host(const chi_dev_orch_state_t *st, uint64_t 
 constexpr uint64_t kWorkerSpinNs = 50000;
 /* Past its lease the keeper warp looks at the device routes this often. */
 constexpr uint64_t kKeeperSampleNs = 4000;
-/* A task slot held with no device-route activity keeps the kernel at most this long
- * (a future never waited for must not keep it forever). */
+/* With no successor queued past the lease, the keeper stays while the
+ * device routes change, and steps aside (see orchestrator_main) once they
+ * were quiet this long with no slot in use ... */
+constexpr uint64_t kKeeperQuietNs = 20000;
+/* ... or this long with slots in use (futures held, never waited for, must
+ * not keep it forever). */
 constexpr uint64_t kKeeperHoldNs = 20000000;
-/* A successor launch still being queued after this long is held back by
- * another thread's device-wide call. */
-constexpr uint64_t kKeeperBlockedNs = 30000;
-/* With no successor queued or being queued this long after the lease (the
- * lease thread is not running), the kernel ends anyway. */
-constexpr uint64_t kKeeperHostLateNs = 20000000;
 
 /* The keeper's view of the device routes (warp-collective): a signature that
  * changes with every submission (the tickets) and every slot taken or freed
@@ -304,6 +302,31 @@ CHI_DEVICE_NOINLINE uint64_t route_signature(const chi_dev_layout *l, uint32_t l
 /* Tasks a worker takes at once: one pop round trip for several tasks, few
  * enough that a burst still spreads over the workers. */
 constexpr uint32_t kPopBatch = 8;
+
+/* Stepping aside (the keeper, warp-collective): closes the GPU->GPU gate,
+ * waits for the submitters already inside it to finish their pushes, then
+ * runs every queued task.  After it no task is queued and none can be until
+ * the next launch opens the gate. */
+template <class D>
+CHI_DEVICE_NOINLINE void close_and_drain(const chi_dev_orch_state_t *st, uint32_t lane, uint64_t *qhead) {
+  const chi_dev_layout *l = layout(&st->ctx);
+  if (lane == 0) {
+    chi_port::fetch_or_acq_rel_dev(l->gate, kGateAway);
+    /* Submitters inside push and leave in a few hundred ns. */
+    while ((chi_port::ld_acquire_dev(l->gate) & ~kGateAway) != 0) chi_port::nanosleep(100);
+  }
+  chi_port::syncwarp();
+  const uint64_t tail = chi_port::shfl(lane == 0 ? chi_port::ld_acquire_dev(l->d2d_tail) : 0u, 0);
+  for (;;) {
+    const uint64_t head = chi_port::shfl(lane == 0 ? chi_port::ld_relaxed_dev(l->d2d_head) : 0u, 0);
+    if (head >= tail) break;
+    if (*qhead < head) *qhead = head;
+    uint32_t mine = 0;
+    const uint32_t n = queue_pop_warp(l, lane, kPopBatch, qhead, &mine);
+    chi_port::syncwarp();
+    for (uint32_t k = 0; k < n; ++k) run_device_task<D>(st, chi_port::shfl(mine, static_cast<int>(k)), lane);
+  }
+}
 
 template <class D>
 CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
@@ -336,15 +359,21 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
    * there.  The runtime's lease thread queues that launch on the same stream
    * shortly before the lease ends, so it starts as soon as this one ends.
    * The last warp, the keeper, decides when the launch ends, once past the
-   * lease: at once when the successor is queued; if queuing it takes longer
-   * than kKeeperBlockedNs (another thread's cudaFree or the like holds
-   * launches back until the device is idle, kernels that wait for tasks
-   * included), only once no device task was submitted, taken or consumed for
-   * a lease and no slot is in use (or slots were held with no activity for
-   * kKeeperHoldNs), so that those kernels finish and the call returns;
-   * without a successor or an attempt, after kKeeperHostLateNs.  Its
-   * decision reaches the other warps through control[6..7], compared with
-   * the launch's epoch (= launch index, from the arrival counter). */
+   * lease.  When the successor is queued: at once.  When it is not, the
+   * lease thread is held back (a device-wide call in another thread holds
+   * the driver's launch lock until the device is idle, and may even start
+   * this very launch before its launch call returns) or late: the keeper
+   * stays while the device routes change or hold slots (kernels that use
+   * them run, and a device-wide call waits for those anyway), then steps
+   * aside (kKeeperQuietNs, kKeeperHoldNs): it closes the GPU->GPU gate (away bit), waits for the
+   * submitters inside it, runs every task queued, and ends.  Submitters
+   * that find the gate closed queue nothing (they wait a bounded time for
+   * the next launch, or answer CHI_ERR_AGAIN), so no task is ever left in
+   * the queue with no orchestrator to come: a kernel that waits for a
+   * GPU->GPU task cannot hold a device-wide call forever.  The next launch
+   * opens the gate.  The keeper's decision reaches the other warps through
+   * control[6..7], compared with the launch's epoch (= launch index, from
+   * the arrival counter). */
   const uint64_t lease_ns = st->lease_ns;
   const uint64_t t_start = chi_port::shfl(chi_port::timer_ns(), 0); /* warp-uniform decisions */
   const uint64_t lease_end = lease_ns ? t_start + lease_ns : ~0ull;
@@ -352,8 +381,8 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
   uint64_t *const lease_over = reinterpret_cast<uint64_t *>(st->control + 6);
   uint64_t epoch = 0;
   const bool keeper = lease_ns != 0 && gw == st->nwarps - 1u;
-  uint64_t keep_sig = 0, keep_since = t_start, keep_sampled = 0, trying_since = 0;
-  bool keep_in_use = false;
+  uint64_t keep_sig = 0, keep_since = t_start, keep_sampled = 0;
+  bool keep_in_use = false, step_aside = false;
   /* The last warp also frees released GPU->CPU slots (sweep_released). */
   const bool sweeper = gw == st->nwarps - 1u;
   uint64_t swept_at = 0;
@@ -365,9 +394,13 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
     if (chi_port::shfl(stop0, 0)) return;
     bool in_use;
     if (keeper) keep_sig = route_signature(l, lane, &in_use);
-    if (gw == 0 && lane == 0 && l->diag) {
-      chi_port::ll_store8(l->diag + CHI_DIAG_START_EPOCH, epoch);
-      chi_port::ll_store8(l->diag + CHI_DIAG_START_AT, t_start);
+    if (gw == 0 && lane == 0) {
+      /* Back: the GPU->GPU gate opens (if the last launch stepped aside). */
+      chi_port::fetch_and_release_dev(l->gate, ~kGateAway);
+      if (l->diag) {
+        chi_port::ll_store8(l->diag + CHI_DIAG_START_EPOCH, epoch);
+        chi_port::ll_store8(l->diag + CHI_DIAG_START_AT, t_start);
+      }
     }
   }
   for (;;) {
@@ -409,27 +442,21 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
         bool leave = false;
         if (queued >= epoch + 2u) {
           leave = true; /* the successor is queued: it starts when this launch ends */
-        } else if (trying == epoch + 2u) { /* being queued, or the lease thread is held back */
-          if (trying_since == 0) trying_since = now;
-          if (now - trying_since >= kKeeperBlockedNs) {
-            bool in_use;
-            const uint64_t sig = route_signature(l, lane, &in_use);
-            keep_in_use = in_use;
-            if (sig != keep_sig) {
-              keep_sig = sig;
-              keep_since = now;
-            }
-            const uint64_t quiet = now - keep_since;
-            leave = quiet >= lease_ns && (!in_use || quiet >= kKeeperHoldNs);
-          }
         } else {
-          trying_since = 0;
-          leave = now - lease_end >= kKeeperHostLateNs;
+          bool in_use;
+          const uint64_t sig = route_signature(l, lane, &in_use);
+          keep_in_use = in_use;
+          if (sig != keep_sig) {
+            keep_sig = sig;
+            keep_since = now;
+          }
+          const uint64_t quiet = now - keep_since;
+          leave = step_aside = quiet >= (in_use ? kKeeperHoldNs : kKeeperQuietNs);
         }
         if (lane == 0 && l->diag) {
-          const uint32_t branch = queued >= epoch + 2u  ? CHI_DIAG_BRANCH_QUEUED
-                                  : trying == epoch + 2u ? CHI_DIAG_BRANCH_TRYING
-                                                         : CHI_DIAG_BRANCH_LATE;
+          const uint32_t branch = queued >= epoch + 2u                        ? CHI_DIAG_BRANCH_QUEUED
+                                  : trying >= epoch + 1u && queued < trying ? CHI_DIAG_BRANCH_TRYING
+                                                                            : CHI_DIAG_BRANCH_LATE;
           chi_port::ll_store16(l->diag + CHI_DIAG_KEEP_AT, now, epoch);
           chi_port::ll_store16(l->diag + CHI_DIAG_KEEP_HOST, (queued << 32) | (trying & 0xFFFFFFFFull),
                                now - keep_since);
@@ -443,6 +470,7 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
       }
     }
     if (chi_port::shfl(stop | expired, 0)) {
+      if (step_aside && !stop) close_and_drain<D>(st, lane, &qhead);
       if (keeper && lane == 0 && l->diag) {
         chi_port::ll_store8(l->diag + CHI_DIAG_END_AT, chi_port::timer_ns());
         chi_port::ll_store8(l->diag + CHI_DIAG_END, (epoch << 8) | (stop ? CHI_DIAG_END_STOP : CHI_DIAG_END_LEASE));

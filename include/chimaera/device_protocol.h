@@ -280,18 +280,73 @@ CHI_DEVICE bool read_reply(const uint64_t *rec, uint32_t gen, uint32_t ndata, ui
   return ll_flag(a) == gen && ll_flag(b) == gen;
 }
 
+/* The GPU->GPU gate (docs/gpu.md, "Coexisting with other CUDA code"):
+ * every submitter holds it from its run-queue ticket to its push; an
+ * orchestrator that steps aside sets kGateAway, waits for those inside, runs
+ * what is queued and ends.  One word, so the submitter's add and the
+ * orchestrator's or are ordered: either the submitter sees the bit, or the
+ * orchestrator sees the submitter and waits for its push. */
+constexpr uint64_t kGateAway = 1ull << 63;
+CHI_DEVICE bool gate_enter(const chi_dev_layout *l) {
+  if (!(chi_port::fetch_add_dev(l->gate, static_cast<uint64_t>(1)) & kGateAway)) return true;
+  chi_port::fetch_add_dev(l->gate, ~static_cast<uint64_t>(0));
+  return false;
+}
+CHI_DEVICE void gate_leave(const chi_dev_layout *l) {
+  chi_port::fetch_add_release_dev(l->gate, ~static_cast<uint64_t>(0)); /* the push before it */
+}
+/* A submitter that found the gate closed: waits for the next launch to open
+ * it, at most two leases (the device-wide call that made the orchestrator
+ * step aside may be waiting for this very kernel), or never (try, or the
+ * orchestrator's own handlers).  True when it opened. */
+CHI_DEVICE bool gate_wait(const chi_dev_layout *l, bool wait) {
+  if (!wait || (l->flags & CHI_DEV_CTX_ORCHESTRATOR) || l->submit_timeout_us == 0) return false;
+  uint64_t bound = 2ull * l->lease_us * 1000u;
+  const uint64_t timeout = static_cast<uint64_t>(l->submit_timeout_us) * 1000u;
+  if (bound == 0 || bound > timeout) bound = timeout;
+  const uint64_t t0 = chi_port::timer_ns();
+  while (chi_port::ld_relaxed_dev(l->gate) & kGateAway) {
+    if (chi_port::timer_ns() - t0 >= bound) return false;
+    chi_port::nanosleep(1024);
+  }
+  return true;
+}
+
 CHI_DEVICE uint8_t *d2d_slot(const chi_dev_layout *l, uint32_t slot) {
   return l->d2d_slots + static_cast<uint64_t>(slot) * (CHI_DEV_SLOT_HEADER + 2u * l->payload_stride);
 }
 
-/* GPU->GPU, step 1: a slot with the task written in it (not queued yet).
- * ticket: if not NULL, also takes the run-queue ticket, in the same memory
- * round trip as the slot's state word (both depend only on the slot). */
+CHI_DEVICE bool may_wait(const chi_dev_layout *l, bool wait) {
+  return wait && !(l->flags & CHI_DEV_CTX_ORCHESTRATOR) && l->submit_timeout_us != 0;
+}
+
+/* GPU->GPU, step 1, called outside the gate: a slot with the task written in
+ * it (not queued yet).  CHI_OK: the caller is inside the gate and pushes,
+ * then calls gate_leave.  Any other status: outside, nothing taken
+ * (CHI_ERR_AGAIN: no slot in time, or the orchestrator stepped aside and did
+ * not come back in time).  A submit that waits for a slot waits outside the
+ * gate, so that an orchestrator stepping aside never waits for it.  ticket:
+ * if not NULL, also takes the run-queue ticket, in the same memory round trip
+ * as the slot's state word (both depend only on the slot). */
 CHI_DEVICE chi_status_t local_prepare(const chi_dev_layout *l, chi_method_t method, const void *input,
                                       uint32_t input_size, uint32_t *slot, uint32_t *gen, bool wait,
                                       uint64_t *ticket = nullptr) {
-  int32_t s = slot_alloc(l, l->d2d_bitmap, l->wait_line, wait);
-  if (s < 0) return CHI_ERR_AGAIN;
+  int32_t s;
+  for (;;) {
+    /* The gate and the first slot guess in one round trip. */
+    const uint64_t g = chi_port::fetch_add_dev(l->gate, static_cast<uint64_t>(1));
+    s = bitmap_alloc(l->d2d_bitmap, l->slots);
+    if (!(g & kGateAway) && s >= 0) break;
+    gate_leave(l);
+    if (!(g & kGateAway)) { /* no free slot: wait for one outside the gate */
+      if (!may_wait(l, wait)) return CHI_ERR_AGAIN;
+      s = slot_alloc(l, l->d2d_bitmap, l->wait_line, wait);
+      if (s < 0) return CHI_ERR_AGAIN;
+      if (gate_enter(l)) break;
+    }
+    if (s >= 0) bitmap_free(l->d2d_bitmap, static_cast<uint32_t>(s));
+    if (!gate_wait(l, wait)) return CHI_ERR_AGAIN;
+  }
   *slot = static_cast<uint32_t>(s);
   const uint32_t old = chi_port::ld_relaxed_dev(l->d2d_state + s);
   if (ticket) *ticket = chi_port::fetch_add_dev(l->d2d_tail, static_cast<uint64_t>(1));

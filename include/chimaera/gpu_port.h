@@ -75,6 +75,9 @@ template <class T> CHI_DEVICE void st_release_dev(T *p, T v) {
 template <class T> CHI_DEVICE T fetch_add_dev(T *p, T v) {
   return atom_dev<T>(*p).fetch_add(v, cuda::memory_order_relaxed);
 }
+template <class T> CHI_DEVICE T fetch_add_release_dev(T *p, T v) {
+  return atom_dev<T>(*p).fetch_add(v, cuda::memory_order_release);
+}
 template <class T> CHI_DEVICE T fetch_or_acq_rel_dev(T *p, T v) {
   return atom_dev<T>(*p).fetch_or(v, cuda::memory_order_acq_rel);
 }
@@ -164,6 +167,9 @@ template <class T> CHI_DEVICE void st_release_dev(T *p, T v) {
 }
 template <class T> CHI_DEVICE T fetch_add_dev(T *p, T v) {
   return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+template <class T> CHI_DEVICE T fetch_add_release_dev(T *p, T v) {
+  return __hip_atomic_fetch_add(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
 }
 template <class T> CHI_DEVICE T fetch_or_acq_rel_dev(T *p, T v) {
   return __hip_atomic_fetch_or(p, v, __ATOMIC_ACQ_REL, __HIP_MEMORY_SCOPE_AGENT);
