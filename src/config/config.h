@@ -21,7 +21,7 @@ struct GpuConfig {
   uint32_t poll_interval_us = 50;  // longest sleep of an idle GPU->CPU poller, 0..100000
   int64_t poller_spin_ns = 200000; // GPU->CPU poller spins this long before backing off, 0..1e10
   uint32_t device_submit_timeout_us = 1000000;  // chi_dev_submit waits this long for a free slot, 0..600000000
-  uint32_t lease_us = 0;           // orchestrator kernel ends and is relaunched after this, 0 (never)..1000000; opt-in until measured
+  uint32_t lease_us = 1000;        // orchestrator kernel ends and is relaunched after this, 0 (never)..1000000
 };
 
 struct ServerConfig {

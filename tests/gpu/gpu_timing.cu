@@ -125,6 +125,8 @@ int main(int argc, char **argv) {
   }
   chi_dev_context_t ctx;
   chi_gpu_context(rt, 0, &ctx);
+  static GtWatchdog wd; /* a hang fails with the orchestrator's state */
+  wd.start(&ctx, 240);
   *bad = 0;
   int failed = 0;
   cudaDeviceProp prop;
@@ -214,6 +216,7 @@ int main(int argc, char **argv) {
     failed += (int)errs.load();
   }
   failed += *bad;
+  wd.stop();
   if (chi_finalize(rt) != CHI_OK) ++failed;
   cudaFreeHost(ns);
   cudaFreeHost(sub);

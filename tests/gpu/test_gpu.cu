@@ -626,6 +626,9 @@ int main(void) {
     return 77;
   }
   if (chi_gpu_context(g_rt, 0, &g_ctx) != CHI_OK) return 1;
+  /* A hang fails with the orchestrator's state instead of ctest's timeout. */
+  static GtWatchdog wd;
+  wd.start(&g_ctx, 540);
   g_max = reinterpret_cast<const chi_dev_ctx_layout_t *>(&g_ctx)->max_payload;
   chi_register_handler(g_rt, "test.sleep", h_sleep, NULL, &g_sleep_method);
   chi_register_handler(g_rt, "test.source", h_source, NULL, &g_source_method);
@@ -652,6 +655,7 @@ int main(void) {
   };
   int failed = chi_test_run("gpu", tests);
   /* Whatever failed, the orchestrators stop here; only then may memory be freed. */
+  wd.stop();
   s = chi_finalize(g_rt);
   if (s != CHI_OK) {
     fprintf(stderr, "chi_finalize: %s: %s\n", chi_status_string(s), chi_last_error_message());

@@ -462,7 +462,10 @@ int main(void) {
       cmocka_unit_test(test_release_many_cpu),
       cmocka_unit_test(test_every_slot_held),
   };
+  static GtWatchdog wd; /* a hang fails with the orchestrator's state */
+  wd.start(&g_ctx, 240);
   int failed = chi_test_run("gpu_device_submit", tests);
+  wd.stop();
   /* A failed test may leave the gate shut with pollers inside it. */
   g_gate_open = 1;
   if (chi_finalize(g_rt) != CHI_OK) failed++;

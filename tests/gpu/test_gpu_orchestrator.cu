@@ -211,12 +211,15 @@ int main(void) {
     chi_finalize(g_rt);
     return 1;
   }
+  static GtWatchdog wd; /* a hang fails with the orchestrator's state */
+  wd.start(&g_ctx, 240);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_host_routes),
       cmocka_unit_test(test_device_route),
       cmocka_unit_test(test_replace_and_refuse),
   };
   int failed = chi_test_run("gpu_orchestrator", tests);
+  wd.stop();
   if (chi_finalize(g_rt) != CHI_OK) failed++;
   cudaFreeHost(g_st);
   cudaStreamDestroy(g_stream);
