@@ -241,15 +241,26 @@ in_root "$src/chimaera" bash .ci/run </dev/null >>"$log" 2>&1 || ci_rc=$?
 ci_s=$(( $(date +%s) - t0 ))
 
 # --- Report -----------------------------------------------------------------------
-# Each ctest run's summary line, after the section it belongs to ("== ..."
-# headers of test.sh), and every test named under "The following tests FAILED".
-echo "---- ctest summaries (.ci/run)"
-awk '/^===== bash \.ci\/run/ { on = 1; section = "main build"; next }
+# One line for each ctest run of .ci/run, named by test.sh's "== ..." headers
+# (the first is the main build), with its summary and time, or the build
+# step that failed where no test ran; then every test listed under "The
+# following tests FAILED".
+echo "---- ctest runs (.ci/run)"
+awk 'function flush() {
+       if (section == "") return
+       if (summary != "") printf "  %-26s %s (%s s)\n", section ":", summary, secs
+       else printf "  %-26s no tests ran%s\n", section ":", (bfail != "" ? "; build failed at " bfail : "")
+       summary = secs = bfail = ""
+     }
+     /^===== bash \.ci\/run/ { on = 1; section = "main build"; next }
      !on { next }
-     /^== / { section = substr($0, 4); next }
-     /tests passed, .* tests failed out of/ { printf "  %-40s %s\n", section ":", $0 }
-     /^Total Test time/ { printf "  %-40s %s\n", "", $0 }' "$log"
-echo "---- toolchains (.ci/run)"
+     /^== toolchains/ { next }
+     /^== / { flush(); section = substr($0, 4); sub(/ \(.*\)$/, "", section); next }
+     /^FAILED: / && bfail == "" { bfail = $2 }
+     /tests passed, .* tests failed out of/ { summary = $0 }
+     /^Total Test time/ { secs = $(NF - 1) }
+     END { flush() }' "$log"
+echo "---- toolchains (.ci/run, as test.sh reports them)"
 awk '/^===== bash \.ci\/run/ { on = 1; next }
      on && /^== toolchains/ { t = 1; next }
      t && /^  / { print; next } { t = 0 }' "$log"
@@ -264,8 +275,15 @@ verdict=PASS
 [ "$ci_rc" -eq 0 ] || verdict=FAIL
 [ "$demo_rc" = skipped ] || [ "$demo_rc" -eq 0 ] || verdict=FAIL
 echo "fresh-check: $verdict: .ci/run exit $ci_rc in $ci_s s; demo.sh: $demo_rc${demo_s:+ in $demo_s s}; total $total_s s ($rust_note; HEAD ${head:0:12})"
-if [ "$verdict" = FAIL ] && [ -z "$failed" ]; then
-  echo "---- last lines of the log"
-  tail -25 "$log"
+if [ "$verdict" = FAIL ]; then
+  # Build and script errors, which no ctest list names.
+  errs=$(grep -m 10 -E '^FAILED: |(^|: )(fatal )?error(\[E[0-9]+\])?: ' "$log" || true)
+  if [ -n "$errs" ]; then
+    echo "---- first errors in the log"
+    printf '%s\n' "$errs" | cut -c1-200 | sed 's/^/  /'
+  elif [ -z "$failed" ]; then
+    echo "---- last lines of the log"
+    tail -25 "$log"
+  fi
 fi
 [ "$verdict" = PASS ]
