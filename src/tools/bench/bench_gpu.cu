@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "bench_gpu.h"
+#include "bench_footprint.h"
 #include "chimaera_device.h"
 #include "cpu_routes.h"
 #include "tool_util.h"
@@ -973,6 +974,8 @@ extern "C" int chi_bench_gpu_rows(chi_runtime_t *rt, const struct chi_bench_opti
 
   cpu_to_gpu_rows(rt, gpus, *opt, out);
   gpu_origin_rows(gpus, *opt, out);
+  if (g0.error.empty() && out.max - out.n >= 6)
+    out.n += chi_bench_footprint_rows(rt, g0.id, g0.ordinal, out.rows + out.n, out.max - out.n);
 
   // cudaFree and cudaFreeHost wait for every kernel: orchestrators paused.
   for (auto &g : gpus)
