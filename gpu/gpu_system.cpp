@@ -1,7 +1,11 @@
 // The CUDA (or HIP) GpuSystem: one GpuDevice per usable GPU, plus what spans
 // GPUs: user orchestrators' method names and the region table.
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -115,6 +119,15 @@ class DeviceGpuSystem final : public GpuSystem {
     return each(-1, [&](GpuDevice &d) { return d.upload_regions(snap); });
   }
 
+  bool mps_active(std::string *where) const override {
+    *where = mps_dir_;
+    return mps_;
+  }
+  void set_mps(bool on, const std::string &dir) {
+    mps_ = on;
+    mps_dir_ = dir;
+  }
+
   void device_slots(uint64_t *in_use, uint64_t *total) override {
     *in_use = *total = 0;
     for (auto &d : devs_) d->device_slots(in_use, total);
@@ -125,6 +138,8 @@ class DeviceGpuSystem final : public GpuSystem {
   }
 
  private:
+  bool mps_ = false;
+  std::string mps_dir_;
   // Runs f on one GPU or (gpu == -1) on all; returns the first failure.
   template <class F>
   chi_status_t each(int32_t gpu, F f) {
@@ -163,6 +178,25 @@ const char *unusable(int ordinal, std::string *detail) {
     return "this build has no code for it (see CHI_CUDA_ARCHITECTURES)";
   }
   return nullptr;
+}
+
+// Whether this user's MPS control daemon answers on its pipe directory
+// ($CUDA_MPS_PIPE_DIRECTORY, else /tmp/nvidia-mps): a CUDA context created
+// while it runs is an MPS client.  A connect to its control socket, nothing
+// sent.
+bool mps_control_answers(std::string *dir) {
+  const char *env = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+  *dir = env && *env ? env : "/tmp/nvidia-mps";
+  const std::string path = *dir + "/control";
+  sockaddr_un a{};
+  if (path.size() >= sizeof a.sun_path) return false;
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const bool ok = connect(fd, reinterpret_cast<const sockaddr *>(&a), sizeof a) == 0;
+  close(fd);
+  return ok;
 }
 
 // Warns when kernels still load lazily (CUDA was initialized before chi_init
@@ -230,6 +264,11 @@ chi_status_t create_gpu_system(Runtime &rt, const Config &cfg, std::unique_ptr<G
   if (use.empty()) return CHI_OK;
   if (cfg.gpu.lease_us == 0) gpu::warn_if_lazy_loading();
   auto sys = std::make_unique<gpu::DeviceGpuSystem>(rt);
+  std::string mps_dir;
+  const bool mps = gpu::mps_control_answers(&mps_dir);
+  sys->set_mps(mps, mps_dir);
+  log(LogLevel::kInfo, "MPS %s (control pipe directory %s)", mps ? "active" : "not active",
+      mps_dir.c_str());
   for (int d : use)
     if (chi_status_t s = sys->add(d); s != CHI_OK) return s;
   *out = std::move(sys);

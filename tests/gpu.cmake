@@ -10,6 +10,16 @@ if(CHI_HAVE_CUDA)
   chi_add_test(test_gpu_coexist SOURCES gpu/test_gpu_coexist.cu GPU TIMEOUT 300 LABELS gpu)
   # Waiting device submits from a full-device grid, chi_dev_release.
   chi_add_test(test_gpu_device_submit SOURCES gpu/test_gpu_device_submit.cu GPU TIMEOUT 300 LABELS gpu)
+  # An ordinary CUDA program beside a busy chimaera-server, without and with MPS.
+  if(TARGET chimaera-server)
+    chi_add_test(test_gpu_beside_server SOURCES gpu/test_gpu_beside_server.cu GPU TIMEOUT 300 LABELS "gpu;server")
+    add_dependencies(test_gpu_beside_server chimaera-server)
+    target_compile_definitions(test_gpu_beside_server PRIVATE
+      CHI_SERVER_PATH="$<TARGET_FILE:chimaera-server>" CHI_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+    set_target_properties(test_gpu_beside_server PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON
+      CUDA_RUNTIME_LIBRARY Shared)
+    target_link_libraries(test_gpu_beside_server PRIVATE CUDA::cudart)
+  endif()
   foreach(t test_gpu test_gpu_orchestrator gpu_timing test_gpu_coexist test_gpu_device_submit)
     set_target_properties(${t} PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
     target_compile_options(${t} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)

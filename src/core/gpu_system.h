@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "chimaera.h"
@@ -38,6 +39,11 @@ class GpuSystem {
   virtual chi_status_t check_device_pointer(int32_t gpu, const void *ptr, size_t size) = 0;
   // The region table changed (Runtime::regions); make device code see the new one.
   virtual chi_status_t regions_changed() = 0;
+  // Whether an MPS control daemon of this user answered when the GPUs were
+  // set up (its pipe directory in *where): the process's CUDA context is then
+  // an MPS client, and other processes' kernels run beside the orchestrator
+  // instead of time-sliced against it.
+  virtual bool mps_active(std::string *where) const = 0;
   // Device task slots (GPU->GPU and GPU->CPU, every GPU) held now, and in all.
   virtual void device_slots(uint64_t *in_use, uint64_t *total) = 0;
   // chi_finalize: run what is queued, stop orchestrators and pollers, free memory.
