@@ -183,7 +183,7 @@ const char *unusable(int ordinal, std::string *detail) {
 // Whether this user's MPS control daemon answers on its pipe directory
 // ($CUDA_MPS_PIPE_DIRECTORY, else /tmp/nvidia-mps): a CUDA context created
 // while it runs is an MPS client.  A connect to its control socket, nothing
-// sent.
+// sent (a stale socket file of a dead daemon refuses the connect).
 bool mps_control_answers(std::string *dir) {
   const char *env = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
   *dir = env && *env ? env : "/tmp/nvidia-mps";
@@ -192,11 +192,15 @@ bool mps_control_answers(std::string *dir) {
   if (path.size() >= sizeof a.sun_path) return false;
   a.sun_family = AF_UNIX;
   std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  const bool ok = connect(fd, reinterpret_cast<const sockaddr *>(&a), sizeof a) == 0;
-  close(fd);
-  return ok;
+  // The daemon's socket type is its own business: try each.
+  for (int type : {SOCK_STREAM, SOCK_SEQPACKET, SOCK_DGRAM}) {
+    const int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    const bool ok = connect(fd, reinterpret_cast<const sockaddr *>(&a), sizeof a) == 0;
+    close(fd);
+    if (ok) return true;
+  }
+  return false;
 }
 
 // Warns when kernels still load lazily (CUDA was initialized before chi_init
