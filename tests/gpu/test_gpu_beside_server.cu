@@ -227,5 +227,9 @@ int main(int argc, char **argv) {
   snprintf(cmd, sizeof cmd, "bash '%s/scripts/mps.sh' stop '%s'", CHI_SOURCE_DIR, dir);
   st = system(cmd);
   if (rc == 0 && (!WIFEXITED(st) || WEXITSTATUS(st) != 0)) rc = 1;
+  else if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir); /* the daemon is gone: its private directory too */
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+  }
   return rc == 77 ? 1 : rc;
 }
