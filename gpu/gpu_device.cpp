@@ -600,9 +600,9 @@ void GpuDevice::device_slots(uint64_t *in_use, uint64_t *total) {
   const size_t words = shape_.dslots / 32;
   std::vector<uint32_t> bits(2 * words);
   DeviceGuard guard(ordinal_);
-  cudaError_t e = cudaMemcpyAsync(bits.data(), layout_.d2d_bitmap, words * 4, cudaMemcpyDeviceToHost, ctl_stream_);
+  cudaError_t e = cudaMemcpyAsync(bits.data(), layout_.d2d_bitmap, words * 4, cudaMemcpyDefault, ctl_stream_);
   if (e == cudaSuccess)
-    e = cudaMemcpyAsync(bits.data() + words, layout_.d2h_bitmap, words * 4, cudaMemcpyDeviceToHost, ctl_stream_);
+    e = cudaMemcpyAsync(bits.data() + words, layout_.d2h_bitmap, words * 4, cudaMemcpyDefault, ctl_stream_);
   if (e == cudaSuccess) e = cudaStreamSynchronize(ctl_stream_);
   if (e != cudaSuccess) {
     log(LogLevel::kWarn, "GPU %d: reading the device slot bitmaps: %s", id_, cudaGetErrorString(e));

@@ -340,6 +340,8 @@ typedef struct chi_stats {
   uint64_t device_slots_in_use; /* GPU->GPU and GPU->CPU slots held by device futures, every GPU
                                    (a released future's until its task ended and it was freed) */
   uint64_t device_slots_total;  /* 2 x gpu.device_slots x GPUs */
+  uint64_t tasks_cancelled;     /* client tasks dropped unstarted because their client
+                                   disconnected (also counted failed in routes[CHI_STATS_CLIENT]) */
 } chi_stats_t;
 
 /* Reads the runtime's counters.  In client mode they are the server's (one

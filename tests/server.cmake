@@ -20,3 +20,15 @@ if(TARGET chimaera-server AND CHI_BUILD_EXAMPLES)
       TIMEOUT 300 SKIP_RETURN_CODE 77 LABELS "server;gpu")
   endif()
 endif()
+
+# 200 graceful stops in a row under load, on each transport (test_server's
+# test_stop_under_load; about a minute each on 2 cores): not in the default
+# run.  cmake -DCHI_LONG_TESTS=ON, then ctest -L long.
+option(CHI_LONG_TESTS "Register the long server tests (label long)" OFF)
+if(CHI_LONG_TESTS)
+  foreach(transport shm ipc tcp)
+    add_test(NAME test_server_stops_${transport} COMMAND test_server)
+    set_tests_properties(test_server_stops_${transport} PROPERTIES TIMEOUT 900 LABELS "server;long" RUN_SERIAL TRUE
+      ENVIRONMENT "CHI_TEST_TRANSPORT=${transport};CHI_TEST_STOPS=200;CHI_TEST_FILTER=test_stop_under_load")
+  endforeach()
+endif()

@@ -73,12 +73,20 @@ std::string socket_path(const std::string &address) {
   return g_dir + "/" + address.substr(6) + ".sock";
 }
 
+// Runs of sleep_handler started in this process (servers run in-process).
+std::atomic<long> g_sleeps_started{0};
+
+// ... and ended: a result the server owes to a client.
+std::atomic<long> g_sleeps_done{0};
+
 // A handler that sleeps for the number of microseconds in its input.
 chi_status_t sleep_handler(chi_request_t *req, void *) {
+  g_sleeps_started.fetch_add(1);
   uint64_t us = 0;
   if (req->input_size >= sizeof us) memcpy(&us, req->input, sizeof us);
   usleep(useconds_t(us));
   req->output_size = 0;
+  g_sleeps_done.fetch_add(1);
   return CHI_OK;
 }
 
@@ -617,16 +625,18 @@ void test_graceful_stop(void **) {
   chi_runtime_t *c = connect_client(f.address);
   uint64_t us = 200000;
   chi_future_t running, queued;
+  const long started = g_sleeps_started.load();
   assert_status(CHI_OK, chi_submit(c, CHI_ROUTE_CPU, f.sleep_method, &us, sizeof us, &running));
   assert_status(CHI_OK, chi_submit(c, CHI_ROUTE_CPU, f.sleep_method, &us, sizeof us, &queued));
-  // Stop once the server has taken the first task (it runs for 200 ms).
-  for (int i = 0; i < 3000 && stats_of(f.rt).routes[CHI_STATS_CLIENT].in_flight == 0; ++i) usleep(1000);
+  // Stop once the first task runs (200 ms): a task taken but not started
+  // would be answered CHI_ERR_SHUTDOWN.
+  for (int i = 0; i < 3000 && g_sleeps_started.load() == started; ++i) usleep(1000);
   std::thread stopper([&] { assert_status(CHI_OK, chi_server_stop(f.srv, 5000)); });
   // Finished within the bound, its result delivered on every transport
   // (over ZeroMQ the server waits for the client to read its last frame).
   assert_status(CHI_OK, chi_wait(c, running, -1, nullptr, 0, nullptr));
   chi_status_t q = chi_wait(c, queued, -1, nullptr, 0, nullptr);
-  assert_true(q == CHI_ERR_SHUTDOWN || q == CHI_ERR_DISCONNECTED);
+  if (q != CHI_ERR_SHUTDOWN && q != CHI_ERR_DISCONNECTED) fail_msg("the queued task: status %d", q);
   stopper.join();
   // Over ZeroMQ the client learns it from a frame: a submit that slips in
   // before it arrives is answered DISCONNECTED at its wait.
@@ -640,6 +650,184 @@ void test_graceful_stop(void **) {
   if (file_endpoint()) assert_int_not_equal(stat(socket_path(f.address).c_str(), &st), 0);  // files removed
   assert_status(CHI_OK, chi_finalize(c));
   assert_status(CHI_OK, chi_finalize(f.rt));
+}
+
+// A killed client's tasks that no worker started are dropped at once (issue
+// 23: "within 100 ms of a kill, in-flight falls to at most the number
+// running"); those running finish and their results are discarded.  Not
+// cancelled, the 5 x 64 tasks of 200 ms would take 32 s on 2 workers: the
+// hang guard below (2 s, twenty times the required 100 ms, for a loaded
+// 2-core CI machine or a sanitizer) tells the two apart; the measured time
+// is printed.
+void test_cancel_on_kill(void **) {
+  ServerFixture f = start_server();
+  const int kids = 5, tasks = 64, workers = 2;
+  const chi_stats_t start = stats_of(f.rt);
+  int pipefd[2];
+  assert_int_equal(pipe(pipefd), 0);
+  std::vector<pid_t> pids;
+  for (int i = 0; i < kids; ++i)
+    pids.push_back(spawn({g_self, "child-slow", f.address, std::to_string(tasks), std::to_string(pipefd[1])}));
+  close(pipefd[1]);
+  for (int i = 0; i < kids; ++i) {
+    char ready;
+    assert_int_equal(read(pipefd[0], &ready, 1), 1);
+  }
+  close(pipefd[0]);
+  // Every task is with the server (ZeroMQ submits travel after chi_submit returns).
+  chi_stats_t before = stats_of(f.rt);
+  for (int i = 0; i < 3000 && before.routes[CHI_STATS_CLIENT].submitted - start.routes[CHI_STATS_CLIENT].submitted <
+                                  uint64_t(kids * tasks);
+       ++i) {
+    usleep(1000);
+    before = stats_of(f.rt);
+  }
+  for (pid_t p : pids) kill(p, SIGKILL);
+  const int64_t t0 = now_ns();
+  chi_stats_t st = stats_of(f.rt);
+  while (st.routes[CHI_STATS_CLIENT].in_flight > uint64_t(workers) && now_ns() - t0 < 2000000000) {
+    usleep(1000);
+    st = stats_of(f.rt);
+  }
+  const double ms = double(now_ns() - t0) / 1e6;
+  for (pid_t p : pids) waitpid(p, nullptr, 0);
+  const uint64_t cancelled = st.tasks_cancelled - before.tasks_cancelled;
+  print_message("  %d clients with %d tasks of 200 ms SIGKILLed: in flight %llu -> %llu after %.1f ms, "
+                "%llu cancelled\n",
+                kids, tasks, (unsigned long long)before.routes[CHI_STATS_CLIENT].in_flight,
+                (unsigned long long)st.routes[CHI_STATS_CLIENT].in_flight, ms, (unsigned long long)cancelled);
+  assert_true(st.routes[CHI_STATS_CLIENT].in_flight <= uint64_t(workers));
+  // Each task ran (at most those running at the kill, and a few that
+  // started before their client's hang-up was read) or was cancelled.
+  assert_true(cancelled + 2 * workers >= before.routes[CHI_STATS_CLIENT].in_flight);
+  assert_true(settle(f.rt, 0));
+  // The server still serves.
+  chi_runtime_t *c = connect_client(f.address);
+  assert_int_equal(add(c, 5, 6), 11);
+  assert_status(CHI_OK, chi_finalize(c));
+  assert_status(CHI_OK, chi_finalize(f.rt));
+}
+
+// Stop answers the queued tasks CHI_ERR_SHUTDOWN at once; only running ones
+// get server.shutdown_timeout_ms (issue 23: with thousands of queued 200 ms
+// tasks from live clients, SIGTERM returns within 1 s).  Were they run, the
+// stop would last the whole shutdown_timeout_ms (5 s); the hang guard (3 s,
+// the required 1 s plus room for a loaded 2-core machine) tells the two
+// apart; the measured time is printed.
+void test_prompt_stop(void **) {
+  const std::string address = unique_name("prompt");
+  pid_t child = spawn({g_self, "child-server", address});
+  await_socket(address, child);
+  const int clients = 4;
+  const long per_client = chi_test_scaled(1000);
+  std::vector<chi_runtime_t *> rts;
+  std::vector<std::vector<chi_future_t>> futures(clients);
+  uint64_t us = 200000;
+  for (int i = 0; i < clients; ++i) {
+    rts.push_back(connect_client(address));
+    chi_method_t slow;
+    assert_status(CHI_OK, chi_method_lookup(rts[i], "test.sleep", &slow));
+    futures[i].resize(size_t(per_client));
+    for (auto &fu : futures[i]) assert_status(CHI_OK, chi_submit(rts[i], CHI_ROUTE_CPU, slow, &us, sizeof us, &fu));
+  }
+  // Every task is with the server.
+  for (int i = 0; i < 3000 && stats_of(rts[0]).routes[CHI_STATS_CLIENT].submitted < uint64_t(clients * per_client);
+       ++i)
+    usleep(1000);
+  kill(child, SIGTERM);
+  const int64_t t0 = now_ns();
+  int status = 0;
+  waitpid(child, &status, 0);
+  const double ms = double(now_ns() - t0) / 1e6;
+  long ok = 0, shutdown = 0, other = 0;
+  for (int i = 0; i < clients; ++i) {
+    for (chi_future_t fu : futures[i]) {
+      const chi_status_t s = chi_wait(rts[i], fu, -1, nullptr, 0, nullptr);
+      (s == CHI_OK ? ok : s == CHI_ERR_SHUTDOWN ? shutdown : other)++;
+      if (s != CHI_OK && s != CHI_ERR_SHUTDOWN && other == 1) print_message("  unexpected status %d\n", s);
+    }
+    assert_status(CHI_OK, chi_finalize(rts[i]));
+  }
+  print_message("  stop with %ld queued tasks of 200 ms: the server exited %.1f ms after SIGTERM; "
+                "%ld ran, %ld answered CHI_ERR_SHUTDOWN, %ld other\n",
+                clients * per_client, ms, ok, shutdown, other);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  assert_true(ms < 3000);
+  assert_int_equal(other, 0);
+}
+
+// Graceful stops under load lose nothing (issue 23): clients keep a window
+// of short tasks in flight while the server stops; every task whose handler
+// ran must reach its client as CHI_OK (a lost result would read
+// CHI_ERR_DISCONNECTED), every other one CHI_ERR_SHUTDOWN or, for one the
+// server never took, CHI_ERR_DISCONNECTED.  CHI_TEST_STOPS rounds (3 by
+// default; the server_stops_* tests, label long, run 200).
+void test_stop_under_load(void **) {
+  const char *env = getenv("CHI_TEST_STOPS");
+  const long rounds = env ? atol(env) : 3;
+  const int clients = 3, window = 32;
+  long lost_total = 0, ran_total = 0, shutdown_total = 0, disc_total = 0;
+  for (long round = 0; round < rounds; ++round) {
+    ServerFixture f = start_server();
+    const long done_before = g_sleeps_done.load();
+    std::atomic<long> ok{0}, shutdown{0}, disconnected{0}, other{0}, started{0};
+    std::vector<std::thread> threads;
+    for (int c = 0; c < clients; ++c) {
+      chi_runtime_t *rt = connect_client(f.address);
+      threads.emplace_back([&, c, rt] {
+        std::vector<chi_future_t> pending;
+        uint64_t us = 200 + 300 * uint64_t(c);
+        bool gone = false;
+        auto settle_one = [&](chi_future_t fu) {
+          const chi_status_t s = chi_wait(rt, fu, -1, nullptr, 0, nullptr);
+          (s == CHI_OK ? ok : s == CHI_ERR_SHUTDOWN ? shutdown : s == CHI_ERR_DISCONNECTED ? disconnected : other)++;
+          if (s == CHI_ERR_DISCONNECTED || s == CHI_ERR_SHUTDOWN) gone = true;
+        };
+        while (!gone) {
+          chi_future_t fu;
+          const chi_status_t s = chi_submit(rt, CHI_ROUTE_CPU, f.sleep_method, &us, sizeof us, &fu);
+          if (s == CHI_OK) {
+            pending.push_back(fu);
+            started++;
+          } else if (s == CHI_ERR_SHUTDOWN) {
+            shutdown++;
+            break;
+          } else if (s == CHI_ERR_DISCONNECTED) {
+            break;
+          } else if (s != CHI_ERR_AGAIN) {
+            other++;
+            break;
+          }
+          if (pending.size() >= size_t(window)) {
+            settle_one(pending.front());
+            pending.erase(pending.begin());
+          }
+        }
+        for (chi_future_t fu : pending) settle_one(fu);
+        chi_finalize(rt);
+      });
+    }
+    // Stop under load: once some tasks ran.
+    while (started.load() < 200) usleep(1000);
+    assert_status(CHI_OK, chi_server_stop(f.srv, 5000));
+    for (auto &t : threads) t.join();
+    const long ran = g_sleeps_done.load() - done_before;
+    const long lost = ran - ok.load();
+    if (lost != 0 || other.load() != 0)
+      print_message("  round %ld: %ld ran, %ld reached their clients, %ld CHI_ERR_SHUTDOWN, %ld "
+                    "CHI_ERR_DISCONNECTED, %ld other\n",
+                    round, ran, ok.load(), shutdown.load(), disconnected.load(), other.load());
+    assert_int_equal(other.load(), 0);
+    lost_total += lost;
+    ran_total += ran;
+    shutdown_total += shutdown.load();
+    disc_total += disconnected.load();
+    assert_status(CHI_OK, chi_finalize(f.rt));
+  }
+  print_message("  %ld stops under load: %ld tasks ran, %ld results lost, %ld CHI_ERR_SHUTDOWN, %ld "
+                "CHI_ERR_DISCONNECTED (never taken)\n",
+                rounds, ran_total, lost_total, shutdown_total, disc_total);
+  assert_int_equal(lost_total, 0);
 }
 
 void test_garbage_in_segment(void **) {
@@ -1223,6 +1411,26 @@ int child_client(const char *address, int ready_fd) {
   for (;;) pause();
 }
 
+// Submits `tasks` tasks of 200 ms, tells the parent, and waits to be killed.
+int child_slow(const char *address, long tasks, int ready_fd) {
+  chi_config_t cfg;
+  chi_config_init(&cfg);
+  cfg.mode = CHI_MODE_CLIENT;
+  cfg.server_address = address;
+  chi_runtime_t *rt;
+  if (chi_init(&cfg, &rt) != CHI_OK) return 1;
+  chi_method_t slow;
+  if (chi_method_lookup(rt, "test.sleep", &slow) != CHI_OK) return 1;
+  for (long i = 0; i < tasks; ++i) {
+    uint64_t us = 200000;
+    chi_future_t f;
+    if (chi_submit(rt, CHI_ROUTE_CPU, slow, &us, sizeof us, &f) != CHI_OK) return 1;
+  }
+  ssize_t n = write(ready_fd, "r", 1);
+  (void)n;
+  for (;;) pause();
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -1233,6 +1441,7 @@ int main(int argc, char **argv) {
   g_self = self;
   if (argc >= 3 && !strcmp(argv[1], "child-server")) return child_server(argv[2]);
   if (argc >= 4 && !strcmp(argv[1], "child-client")) return child_client(argv[2], atoi(argv[3]));
+  if (argc >= 5 && !strcmp(argv[1], "child-slow")) return child_slow(argv[2], atol(argv[3]), atoi(argv[4]));
   if (argc >= 5 && !strcmp(argv[1], "child-adder"))
     return child_adder(argv[2], atol(argv[3]), strtoull(argv[4], nullptr, 10));
   chi_test_clean_env();
@@ -1253,6 +1462,9 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_server_killed),
       cmocka_unit_test(test_silent_connections),
       cmocka_unit_test(test_graceful_stop),
+      cmocka_unit_test(test_cancel_on_kill),
+      cmocka_unit_test(test_prompt_stop),
+      cmocka_unit_test(test_stop_under_load),
       cmocka_unit_test(test_garbage_in_segment),
       cmocka_unit_test(test_malformed_frames),
       cmocka_unit_test(test_curve),

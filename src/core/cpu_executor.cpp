@@ -290,7 +290,8 @@ chi_status_t CpuExecutor::submit(chi_method_t method, const void *input, size_t 
 }
 
 chi_status_t CpuExecutor::submit_remote(chi_method_t method, const void *input, size_t input_size,
-                                        RemoteSink *sink, uint64_t cookie) {
+                                        RemoteSink *sink, uint64_t cookie, uint32_t *slot,
+                                        uint32_t *gen) {
   if (input_size > payload_)
     return set_error(CHI_ERR_TOO_LARGE, "input of %zu bytes over max_inline_payload %zu",
                      input_size, payload_);
@@ -300,9 +301,16 @@ chi_status_t CpuExecutor::submit_remote(chi_method_t method, const void *input, 
   s->sink = sink;
   s->cookie = cookie;
   // kRemote: no future names this slot, so chi_wait/test/release refuse it.
-  slot::begin(s->state, slot::kRemote);
+  const uint32_t g = slot::begin(s->state, slot::kRemote);
+  if (slot) *slot = index;
+  if (gen) *gen = g;
   queue_task(index, method, input, input_size, on_worker_thread());
   return CHI_OK;
+}
+
+bool CpuExecutor::cancel_remote(uint32_t index, uint32_t gen) {
+  if (index >= committed_.load(std::memory_order_acquire)) return false;
+  return slot::leave_queue(slot_at(index)->state, gen, slot::kRemoteCancelled);
 }
 
 void CpuExecutor::queue_task(uint32_t index, chi_method_t method, const void *input,
@@ -340,6 +348,15 @@ void CpuExecutor::notify_worker() {
 void CpuExecutor::run_task(const QueuedTask &task) {
   const uint32_t index = task.slot;
   Slot *s = slot_at(index);
+  if (s->sink) {
+    // A client's task: started here, unless it was cancelled while queued.
+    const uint32_t gen = slot::gen_of(s->state.load(std::memory_order_relaxed));
+    if (!slot::leave_queue(s->state, gen, slot::kRemoteRunning)) {
+      s->sink = nullptr;
+      free_slot(index);
+      return;
+    }
+  }
   size_t out_size = 0;
   chi_status_t st = run_cpu_handler(reg_, task.method, CHI_ROUTE_CPU, input_of(index, task.input_size),
                                     task.input_size, output_of(index), payload_, &out_size);

@@ -39,8 +39,14 @@ class CpuExecutor final : public Executor {
   // Queues a task whose result goes to sink->complete(cookie, ...) instead of
   // a future.  Never blocks: CHI_ERR_AGAIN when every slot is in use (the
   // caller keeps the request and tries later).  Input is copied once, here.
+  // *slot and *gen (may be NULL) name the task for cancel_remote.
   chi_status_t submit_remote(chi_method_t method, const void *input, size_t input_size,
-                             RemoteSink *sink, uint64_t cookie);
+                             RemoteSink *sink, uint64_t cookie, uint32_t *slot = nullptr,
+                             uint32_t *gen = nullptr);
+  // Cancels a remote task that no worker has started: true when it will
+  // never run and its sink is never called (the slot is freed when a worker
+  // meets it in the queue); false when it started (or ended) already.
+  bool cancel_remote(uint32_t slot, uint32_t gen);
   // Slots held now (queued, running, or done and not yet claimed).
   // A scan of the slot states: for statistics, not for hot paths.
   uint32_t slots_in_use() const;

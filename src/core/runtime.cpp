@@ -81,6 +81,7 @@ void Runtime::read_stats(chi_stats_t *out) {
   for (int r = 0; r < CHI_STATS_ROUTES; ++r) stats_[r].read(&out->routes[r]);
   out->workers = cfg_.workers;
   out->clients = clients_.load(std::memory_order_relaxed);
+  out->tasks_cancelled = client_cancelled_.load(std::memory_order_relaxed);
   out->gpus = gpu_ ? gpu_->count() : 0;
   if (cpu_) {
     out->slots_in_use = cpu_->slots_in_use();

@@ -39,6 +39,8 @@ class Runtime {
   void read_stats(chi_stats_t *out);
   // Live client sessions of this runtime's servers (chi_stats).
   std::atomic<uint32_t> &client_count() { return clients_; }
+  // Client tasks dropped unstarted because their client left (chi_stats).
+  std::atomic<uint64_t> &client_cancelled() { return client_cancelled_; }
   std::mutex &modules_mutex() { return modules_mu_; }
   std::vector<void *> &modules() { return modules_; }
 
@@ -52,6 +54,7 @@ class Runtime {
   std::atomic<bool> stopping_{false};
   std::atomic<uint32_t> next_gpu_{0};
   std::atomic<uint32_t> clients_{0};
+  std::atomic<uint64_t> client_cancelled_{0};
   RouteStats stats_[CHI_STATS_ROUTES];
   std::mutex modules_mu_;
   std::vector<void *> modules_;

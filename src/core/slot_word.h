@@ -10,6 +10,11 @@
 //                                     |
 //                                     +--publish: the completer frees it
 //
+// A client process's task in the CPU pool (no future names it) has its own
+// path: remote --start (a worker)--> running, or remote --cancel (its client
+// left, or the server stops)--> cancelled; one CAS decides which, so a
+// cancelled task never runs and a started one is never cancelled.
+//
 // One 32-bit word, so that a waiter can futex-sleep on it directly.  Pending
 // and done have the values of the shared segment's kSlotSubmitted/kSlotDone
 // (ipc/segment.h), so one wait serves both.
@@ -32,7 +37,9 @@ enum : uint32_t {
   kDone = 2,     // the result is in the slot
   kOrphan = 3,   // released before done: the completer frees it
   kClaimed = 4,  // a waiter or chi_release is taking the result
-  kRemote = 5,   // CPU pool: a client process's task, no future names it
+  kRemote = 5,   // CPU pool: a client process's task, no future names it, queued
+  kRemoteRunning = 6,    // its worker started it: it runs to the end
+  kRemoteCancelled = 7,  // never to run: the worker that pops it frees the slot
   kStateMask = 0x7F,
   kSleeper = 0x80,  // a waiter sleeps on the word: whoever changes it wakes it
 };
@@ -84,6 +91,14 @@ inline uint32_t publish(std::atomic<uint32_t> &s, uint32_t gen, bool shared = fa
   }
   if (cur & kSleeper) wake(s, shared);
   return kDone;
+}
+
+// A remote task's step out of the queue (st: kRemoteRunning when a worker
+// starts it, kRemoteCancelled when it is cancelled); false when the other
+// step came first, or the word holds no queued task of gen.
+inline bool leave_queue(std::atomic<uint32_t> &s, uint32_t gen, uint32_t st) {
+  uint32_t w = word(gen, kRemote);
+  return s.compare_exchange_strong(w, word(gen, st), std::memory_order_acq_rel, std::memory_order_relaxed);
 }
 
 // The waiter's step, from the word it saw finished (`seen`) to claimed: of

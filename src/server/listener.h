@@ -33,6 +33,10 @@ class Listener {
   // Stop, step 1: no new clients; queued tasks answer CHI_ERR_SHUTDOWN
   // (Service::stopping() says so already); sleeping threads wake.
   virtual void begin_stop() = 0;
+  // Stop, while draining: answers CHI_ERR_SHUTDOWN to the tasks taken that
+  // no worker has started yet (begin_stop did so once; a task taken while
+  // the stop began may come after it).
+  virtual void cancel_queued() = 0;
   // Tasks taken and not yet answered.
   virtual uint64_t in_flight() = 0;
   // Stop, step 2: clients learn the server is gone, threads end, files go.

@@ -48,10 +48,13 @@ chi_status_t Server::stop(uint32_t drain_timeout_ms) {
   // 2. Let the tasks that already run finish, within the bound.
   const int64_t deadline = now_ns() + int64_t(drain_timeout_ms) * 1000000;
   chi_status_t result = CHI_OK;
-  for (;;) {
+  for (unsigned turn = 1;; ++turn) {
     uint64_t busy = 0;
     for (auto &l : listeners_) busy += l->in_flight();
     if (busy == 0) break;
+    // A task taken just as the stop began may have missed begin_stop's pass.
+    if (turn % 16 == 0)
+      for (auto &l : listeners_) l->cancel_queued();
     if (now_ns() >= deadline) {
       log(LogLevel::kWarn, "stop: %llu client task(s) still running after %u ms", (unsigned long long)busy,
           drain_timeout_ms);

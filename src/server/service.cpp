@@ -122,7 +122,7 @@ Service::Take Service::take(uint32_t method, int32_t route, const void *input, u
                        : size > max_payload_ ? CHI_ERR_TOO_LARGE
                        : !(m = rt_.registry().get(method)) ? CHI_ERR_NOT_FOUND
                                                             : CHI_OK;
-  Take t{Take::kFailed, early, 0};
+  Take t{Take::kFailed, early, 0, false, 0, 0};
   if (early == CHI_OK && cpu && config().inline_builtins && m->bounded.load(std::memory_order_relaxed)) {
     // Run to completion on this thread: no hand-off to a worker and back.
     // A shared input is copied first (the client may rewrite it).
@@ -137,8 +137,9 @@ Service::Take Service::take(uint32_t method, int32_t route, const void *input, u
                                &t.output_size);
   } else if (early == CHI_OK && cpu) {
     // One copy of the input, into the executor's slot.
-    t.status = rt_.cpu().submit_remote(method, input, size, sink, cookie);
+    t.status = rt_.cpu().submit_remote(method, input, size, sink, cookie, &t.eslot, &t.egen);
     t.what = t.status == CHI_OK ? Take::kQueued : t.status == CHI_ERR_AGAIN ? Take::kBusy : Take::kFailed;
+    t.cpu = t.what == Take::kQueued;
   } else if (early == CHI_OK) {
     Executor *exec = nullptr;
     uint32_t pool = 0, eslot = 0, egen = 0;
@@ -181,6 +182,13 @@ bool GpuTasks::reap() {
 }
 
 void Service::finished(chi_status_t status, int64_t taken_ns) { stats_.finished(status, now_ns() - taken_ns); }
+
+bool Service::cancel(uint32_t eslot, uint32_t egen) { return rt_.cpu().cancel_remote(eslot, egen); }
+
+void Service::cancelled() {
+  stats_.finished(CHI_ERR_DISCONNECTED, -1);
+  rt_.client_cancelled().fetch_add(1, std::memory_order_relaxed);
+}
 
 void Service::request_stop() {
   std::lock_guard<std::mutex> lock(stop_mu_);

@@ -96,6 +96,9 @@ class Service {
     enum What { kRan, kQueued, kBusy, kFailed } what;
     chi_status_t status;  // kRan: the handler's; kFailed: why
     size_t output_size;   // kRan
+    // kQueued on the CPU pool: the task, for cancel(); else cpu is false.
+    bool cpu;
+    uint32_t eslot, egen;
   };
   // Takes one task of a client: refuses it (stopping, too large, unknown
   // method, no executor for the route: kFailed), runs a bounded built-in
@@ -108,6 +111,13 @@ class Service {
             size_t out_capacity, RemoteSink *sink, uint64_t cookie, GpuTasks *gpu);
   // A task's result reached its client (taken_ns: when take() had it).
   void finished(chi_status_t status, int64_t taken_ns);
+  // Cancels a CPU task (Take::eslot/egen) that no worker has started: true
+  // when it will never run and the sink never hears of it; the caller then
+  // answers it (stop) or counts it with cancelled() (its client left).
+  bool cancel(uint32_t eslot, uint32_t egen);
+  // A task of a client that left was dropped unstarted (chi_stats
+  // tasks_cancelled; failed in the client route, so it leaves in_flight).
+  void cancelled();
 
   // ---- stopping
   void begin_stop() { stopping_.store(true, std::memory_order_seq_cst); }

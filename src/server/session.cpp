@@ -18,6 +18,7 @@ namespace chi {
 
 namespace {
 std::mutex g_reason_mu;  // kill() may race between a poller and the control thread
+constexpr uint64_t kTicket = uint64_t(1) << 63;
 }
 
 Session::Session(Service &service, uint32_t id, int sock, pid_t pid, uid_t uid, uint32_t kind)
@@ -59,6 +60,12 @@ chi_status_t Session::create_segment(uint32_t nslots) {
   busy_.reset(new std::atomic<uint8_t>[nslots]);
   for (uint32_t i = 0; i < nslots; ++i) busy_[i].store(0, std::memory_order_relaxed);
   taken_ns_.reset(new int64_t[nslots]());
+  ticket_.reset(new std::atomic<uint64_t>[nslots]);
+  cgen_.reset(new std::atomic<uint32_t>[nslots]);
+  for (uint32_t i = 0; i < nslots; ++i) {
+    ticket_[i].store(0, std::memory_order_relaxed);
+    cgen_[i].store(0, std::memory_order_relaxed);
+  }
   return CHI_OK;
 }
 
@@ -74,6 +81,7 @@ bool Session::ring_ready() const { return ipc::ring_ready(seg_, head_); }
 void Session::finish(uint32_t slot, uint32_t gen, chi_status_t status, const void *output,
                      size_t size) {
   const int64_t taken = taken_ns_[slot];
+  ticket_[slot].store(0, std::memory_order_relaxed);
   // Free for the poller before the client can see the result and queue the
   // slot again (else an honest re-queue would look like a violation).
   busy_[slot].store(0, std::memory_order_release);
@@ -92,7 +100,7 @@ unsigned Session::poll(unsigned budget) {
   const uint32_t n = seg_.layout.nslots;
   unsigned taken = 0;
   char why[160];
-  while (taken < budget && !dead()) {
+  while (taken < budget && !dead() && !leaving_.load(std::memory_order_acquire)) {
     uint32_t slot;
     if (!ipc::ring_peek(seg_, head_, &slot)) break;  // nothing queued (or a producer mid-write)
     if (svc_.over_limit(counters_.in_flight.load(std::memory_order_relaxed))) break;
@@ -115,6 +123,7 @@ unsigned Session::poll(unsigned budget) {
     }
     const uint32_t gen = ipc::slot_gen(rec.word);
     busy_[slot].store(1, std::memory_order_relaxed);
+    ticket_[slot].store(0, std::memory_order_relaxed);
     counters_.in_flight.fetch_add(1, std::memory_order_relaxed);
     taken_ns_[slot] = now_ns();
     // The output of a task run here goes straight into the client's slot,
@@ -129,6 +138,13 @@ unsigned Session::poll(unsigned budget) {
       counters_.in_flight.fetch_sub(1, std::memory_order_relaxed);
       break;
     }
+    if (t.cpu) {
+      // Cancellable until a worker starts it.  A task that ended before the
+      // ticket is stored leaves a stale one: busy_ is 0 then, and the
+      // executor refuses a generation that is not queued.
+      cgen_[slot].store(gen, std::memory_order_relaxed);
+      ticket_[slot].store(kTicket | uint64_t(t.eslot) << 32 | t.egen, std::memory_order_release);
+    }
     // Taken: hand the cell back to the client's producers.
     ipc::ring_pop(seg_, &head_);
     ++taken;
@@ -137,6 +153,27 @@ unsigned Session::poll(unsigned budget) {
     if (t.what == Service::Take::kFailed) finish(slot, gen, t.status, nullptr, 0);
   }
   return taken;
+}
+
+uint32_t Session::cancel_queued(chi_status_t answer) {
+  if (!seg_.base) return 0;
+  uint32_t n = 0;
+  for (uint32_t slot = 0; slot < seg_.layout.nslots; ++slot) {
+    const uint64_t t = ticket_[slot].load(std::memory_order_acquire);
+    if (!(t & kTicket) || !busy_[slot].load(std::memory_order_acquire)) continue;
+    // The executor decides: a task a worker started runs to its end.
+    if (!svc_.cancel(uint32_t(t >> 32) & 0x7FFFFFFFu, uint32_t(t))) continue;
+    ++n;
+    if (answer != CHI_OK) {
+      finish(slot, cgen_[slot].load(std::memory_order_relaxed), answer, nullptr, 0);
+      continue;
+    }
+    ticket_[slot].store(0, std::memory_order_relaxed);
+    busy_[slot].store(0, std::memory_order_release);
+    svc_.cancelled();
+    counters_.in_flight.fetch_sub(1, std::memory_order_acq_rel);
+  }
+  return n;
 }
 
 void Session::announce_server_state(uint32_t state) {

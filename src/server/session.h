@@ -49,6 +49,13 @@ class Session final : public RemoteSink {
   // Stop: the segment says the server is gone and sleeping waiters wake.
   void announce_server_state(uint32_t state);
 
+  // The client left: the poller takes no more of its tasks.
+  void leave() { leaving_.store(true, std::memory_order_release); }
+  // Cancels the CPU tasks taken that no worker has started (any thread, any
+  // number of times): answered `answer` (stop), or with 0 dropped and counted
+  // cancelled (the client left).  Returns how many.
+  uint32_t cancel_queued(chi_status_t answer);
+
   bool dead() const { return dead_.load(std::memory_order_acquire); }
   void kill(const char *why);
   const std::string &reason() const { return reason_; }
@@ -89,6 +96,11 @@ class Session final : public RemoteSink {
   // it was taken (latency statistics).
   std::unique_ptr<std::atomic<uint8_t>[]> busy_;
   std::unique_ptr<int64_t[]> taken_ns_;
+  // Per slot, a CPU task's executor slot and generation for cancel_queued
+  // (kTicket | eslot << 32 | egen; 0: none), and the client slot's generation.
+  std::unique_ptr<std::atomic<uint64_t>[]> ticket_;
+  std::unique_ptr<std::atomic<uint32_t>[]> cgen_;
+  std::atomic<bool> leaving_{false};
   GpuTasks gpu_;  // poller only
   ClientCounters counters_;
   std::atomic<bool> dead_{false};

@@ -312,7 +312,12 @@ void ShmListener::detach(Session *s, const char *why) {
   // The client sees EOF at once (its calls answer CHI_ERR_DISCONNECTED).
   shutdown(s->sock(), SHUT_RDWR);
   if (s->kind() == ipc::kSessionTasks) {
-    log(s->dead() ? LogLevel::kWarn : LogLevel::kInfo, "client %u (pid %d) gone: %s", s->id(), int(s->pid()), why);
+    // Its tasks that no worker started are dropped now (their server slots
+    // free at once); those that run finish into the segment, unread.
+    s->leave();
+    const uint32_t dropped = s->cancel_queued(CHI_OK);
+    log(s->dead() ? LogLevel::kWarn : LogLevel::kInfo, "client %u (pid %d) gone: %s; %u queued task(s) cancelled",
+        s->id(), int(s->pid()), why, dropped);
     if (s->registered) pollers_->remove(s);
     svc_.left();
   }
@@ -332,7 +337,10 @@ void ShmListener::reclaim() {
       bool free_it = s->kind() != ipc::kSessionTasks || !s->registered;
       if (!free_it) {
         const bool dropped = pollers_->dropped(s);
-        if (dropped) s->poll_gpu();  // the poller no longer collects them
+        if (dropped) {
+          s->cancel_queued(CHI_OK);  // one its poller took while it was leaving
+          s->poll_gpu();             // the poller no longer collects them
+        }
         free_it = dropped && s->in_flight() == 0;
       }
       (free_it ? gone : keep).push_back(s);
@@ -349,8 +357,18 @@ void ShmListener::begin_stop() {
     std::lock_guard<std::mutex> lock(sessions_mu_);
     for (Session *s : sessions_) s->announce_server_state(ipc::kStopping);
   }
+  // Tasks taken but not started are answered now: only running ones delay
+  // the stop.
+  cancel_queued();
   if (wake_fd_ >= 0) signal_fd(wake_fd_);
   if (pollers_) pollers_->wake_all();
+}
+
+void ShmListener::cancel_queued() {
+  std::lock_guard<std::mutex> lock(sessions_mu_);
+  for (Session *s : sessions_) s->cancel_queued(CHI_ERR_SHUTDOWN);
+  for (Session *s : detached_)
+    if (s->kind() == ipc::kSessionTasks) s->cancel_queued(CHI_OK);
 }
 
 uint64_t ShmListener::in_flight() {

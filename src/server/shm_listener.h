@@ -26,6 +26,7 @@ class ShmListener final : public Listener {
 
   chi_status_t start() override;
   void begin_stop() override;
+  void cancel_queued() override;
   uint64_t in_flight() override;
   void finish() override;
   const std::string &address() const override { return shown_; }

@@ -86,7 +86,8 @@ std::string status_text(Service &service, bool json) {
                (unsigned long long)x.latency_p99_ns, (unsigned long long)x.latency_max_ns);
       out += line;
     }
-    out += "}}\n";
+    snprintf(line, sizeof line, "},\"tasks_cancelled\":%llu}\n", (unsigned long long)st.tasks_cancelled);
+    out += line;
     return out;
   }
   snprintf(line, sizeof line,
@@ -114,6 +115,9 @@ std::string status_text(Service &service, bool json) {
              (unsigned long long)x.latency_p50_ns, (unsigned long long)x.latency_p99_ns);
     out += line;
   }
+  snprintf(line, sizeof line, "cancelled: %llu client task(s) dropped unstarted when their client left\n",
+           (unsigned long long)st.tasks_cancelled);
+  out += line;
   return out;
 }
 

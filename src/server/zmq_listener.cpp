@@ -154,7 +154,7 @@ void ZmqListener::io_main() {
       parked_.pop_front();
     }
     items[0].events = parked_.empty() ? ZMQ_POLLIN : 0;
-    const long timeout = !gpu_.empty() ? 0 : parked_.empty() ? 100 : 1;
+    const long timeout = !gpu_.empty() ? 0 : !parked_.empty() ? 1 : quick_sweeps_ ? 5 : 100;
     if (zmq_poll(items, 3, timeout) < 0 && zmq_errno() != EINTR) {
       log(LogLevel::kError, "%s: zmq_poll: %s: the listener stops", address_.c_str(), zmq_strerror(zmq_errno()));
       break;
@@ -164,10 +164,15 @@ void ZmqListener::io_main() {
     if (items[0].revents & ZMQ_POLLIN) receive();
     if (!gpu_.empty()) gpu_.reap();
     send_completions();
+    // Stopping: tasks taken but not started are answered now (only running
+    // ones delay the stop).
+    if (svc_.stopping()) cancel_tasks(nullptr);
     flush_replies();
     if (now_ns() >= next_sweep_ns_) {
       sweep_sessions(-1);
-      next_sweep_ns_ = now_ns() + 1000000000;  // once a second
+      // Once a second; every 5 ms for a while after a disconnect event
+      // (the descriptor it names may close only after the event).
+      next_sweep_ns_ = now_ns() + (quick_sweeps_ ? (--quick_sweeps_, 5000000) : 1000000000);
     }
   }
 }
@@ -345,6 +350,11 @@ bool ZmqListener::handle_submit(Session &s, const std::string &identity, const i
   if (r.what == Service::Take::kQueued) {
     ++s.in_flight;
     in_flight_.fetch_add(1, std::memory_order_acq_rel);
+    if (r.cpu) {
+      t->eslot = r.eslot;
+      t->egen = r.egen;
+      track(t);
+    }
     return true;
   }
   // Ran here or refused: the reply goes out without a worker hand-off.
@@ -375,6 +385,7 @@ void ZmqListener::send_completions() {
     done.swap(done_);
   }
   for (Task *t : done) {
+    untrack(t);
     reply(t->identity, ipc::Kind::kResult, t->id, t->status, t->output.data(), t->output.size());
     svc_.finished(t->status, t->taken_ns);
     {
@@ -388,6 +399,53 @@ void ZmqListener::send_completions() {
     in_flight_.fetch_sub(1, std::memory_order_acq_rel);
     recycle(t);
   }
+}
+
+}  // namespace chi
+
+namespace chi {
+
+void ZmqListener::track(Task *t) {
+  if (!queued_.next) queued_.next = queued_.prev = &queued_;
+  t->prev = queued_.prev;
+  t->next = &queued_;
+  queued_.prev->next = t;
+  queued_.prev = t;
+}
+
+void ZmqListener::untrack(Task *t) {
+  if (!t->next) return;
+  t->prev->next = t->next;
+  t->next->prev = t->prev;
+  t->prev = t->next = nullptr;
+}
+
+uint32_t ZmqListener::cancel_tasks(const std::string *identity) {
+  if (!queued_.next) return 0;
+  uint32_t n = 0;
+  for (Task *t = queued_.next, *next; t != &queued_; t = next) {
+    next = t->next;
+    if (identity && t->identity != *identity) continue;
+    // The executor decides: a task a worker started runs to its end.
+    if (!svc_.cancel(t->eslot, t->egen)) continue;
+    ++n;
+    untrack(t);
+    if (identity) {
+      svc_.cancelled();  // its session is gone with its counters
+    } else {
+      reply(t->identity, ipc::Kind::kResult, t->id, CHI_ERR_SHUTDOWN, nullptr, 0);
+      svc_.finished(CHI_ERR_SHUTDOWN, t->taken_ns);
+      std::lock_guard<std::mutex> lock(sessions_mu_);
+      auto it = sessions_.find(t->identity);
+      if (it != sessions_.end()) {
+        ++it->second.finished;
+        --it->second.in_flight;
+      }
+    }
+    in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+    recycle(t);
+  }
+  return n;
 }
 
 }  // namespace chi

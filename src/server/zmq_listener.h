@@ -28,7 +28,9 @@ class ZmqListener final : public Listener, public RemoteSink {
   ~ZmqListener() override;
 
   chi_status_t start() override;
+  // The I/O thread answers the tasks no worker started (it owns them).
   void begin_stop() override { wake(); }
+  void cancel_queued() override { wake(); }
   uint64_t in_flight() override { return in_flight_.load(std::memory_order_acquire); }
   // Tells every session the server is gone, closes the socket, joins the threads.
   void finish() override;
@@ -53,6 +55,10 @@ class ZmqListener final : public Listener, public RemoteSink {
     int64_t taken_ns = 0;
     chi_status_t status = CHI_OK;
     std::string output;
+    // On the CPU pool: its executor slot (for Service::cancel), and its
+    // place in queued_ (I/O thread only).
+    uint32_t eslot = 0, egen = 0;
+    Task *prev = nullptr, *next = nullptr;
   };
 
   ZmqListener(Service &service, std::string address);
@@ -82,6 +88,12 @@ class ZmqListener final : public Listener, public RemoteSink {
   // another connection); `only_fd` >= 0 limits the sweep to one descriptor.
   void sweep_sessions(int only_fd);
   void evict(const std::string &identity, const char *why);
+  void track(Task *t);
+  void untrack(Task *t);
+  // Cancels the CPU tasks no worker started: those of one client that left
+  // (dropped, counted cancelled), or every one at stop (answered
+  // CHI_ERR_SHUTDOWN).  Returns how many.
+  uint32_t cancel_tasks(const std::string *identity);
 
   Service &svc_;
   std::string address_;
@@ -97,9 +109,11 @@ class ZmqListener final : public Listener, public RemoteSink {
   std::mutex sessions_mu_;  // sessions_: I/O thread writes, rows() reads
   std::unordered_map<std::string, Session> sessions_;
   int64_t next_sweep_ns_ = 0;
+  int quick_sweeps_ = 0;  // sweeps left at 5 ms intervals after a disconnect event
   std::mutex done_mu_;
   std::vector<Task *> done_;       // finished CPU tasks, sent by the I/O thread
   std::vector<Task *> spare_;      // I/O thread: tasks to reuse (no allocation per task)
+  Task queued_;                    // I/O thread: the CPU tasks taken, a ring through prev/next
   std::vector<unsigned char> out_buf_;  // I/O thread: output of a built-in run here, or of a GPU task
   GpuTasks gpu_;
   std::deque<std::pair<std::string, std::string>> parked_;  // identity, frames not yet taken

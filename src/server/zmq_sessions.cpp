@@ -80,7 +80,10 @@ void ZmqListener::monitor_events() {
   uint16_t event;
   uint32_t value;
   while (ipc::next_monitor_event(monitor_, &event, &value)) {
-    if (event == ZMQ_EVENT_DISCONNECTED) sweep_sessions(int(value));
+    if (event != ZMQ_EVENT_DISCONNECTED) continue;
+    sweep_sessions(int(value));
+    quick_sweeps_ = 40;  // a client that left is seen within 5 ms, not at the next 1 s sweep
+    next_sweep_ns_ = std::min(next_sweep_ns_, now_ns() + 5000000);
   }
 }
 
@@ -104,15 +107,23 @@ void ZmqListener::sweep_sessions(int only_fd) {
 }
 
 void ZmqListener::evict(const std::string &identity, const char *why) {
-  std::lock_guard<std::mutex> lock(sessions_mu_);
-  auto it = sessions_.find(identity);
-  if (it == sessions_.end()) return;
-  if (it->second.tasks) {
+  uint32_t id = 0;
+  {
+    std::lock_guard<std::mutex> lock(sessions_mu_);
+    auto it = sessions_.find(identity);
+    if (it == sessions_.end()) return;
+    if (!it->second.tasks) {
+      sessions_.erase(it);
+      return;
+    }
+    id = it->second.id;
     svc_.left();
-    log(LogLevel::kInfo, "%s: client %u gone: %s", address_.c_str(), it->second.id, why);
+    sessions_.erase(it);
   }
-  // Tasks still running finish; their replies to a gone peer are dropped.
-  sessions_.erase(it);
+  // Its tasks that no worker started are dropped now; those that run finish
+  // and their replies to a gone peer are dropped.
+  const uint32_t dropped = cancel_tasks(&identity);
+  log(LogLevel::kInfo, "%s: client %u gone: %s; %u queued task(s) cancelled", address_.c_str(), id, why, dropped);
 }
 
 void ZmqListener::finish() {

@@ -661,12 +661,13 @@ pub struct chi_stats {
     pub slots_total: u64,
     pub device_slots_in_use: u64,
     pub device_slots_total: u64,
+    pub tasks_cancelled: u64,
 }
 #[test]
 fn bindgen_test_layout_chi_stats() {
     assert_eq!(
         ::std::mem::size_of::<chi_stats>(),
-        280usize,
+        288usize,
         concat!("Size of: ", stringify!(chi_stats))
     );
     assert_eq!(
@@ -844,6 +845,23 @@ fn bindgen_test_layout_chi_stats() {
         );
     }
     test_field_device_slots_total();
+    fn test_field_tasks_cancelled() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).tasks_cancelled) as usize - ptr as usize
+            },
+            280usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_stats),
+                "::",
+                stringify!(tasks_cancelled)
+            )
+        );
+    }
+    test_field_tasks_cancelled();
 }
 pub type chi_stats_t = chi_stats;
 extern "C" {
