@@ -295,18 +295,12 @@ void GpuDevice::lease_loop() {
     if (!running_ || broken_ || launches_.load() - 1 != n) continue;
     if (done == cudaSuccess) {
       lease_phase(CHI_DIAG_PHASE_QUEUE, n);
-      if (launch_locked() != CHI_OK) {
-        broken_ = true;
-        running_ = false;
-        log(LogLevel::kError, "GPU %d: relaunching the orchestrator: %s", id_, last_error());
-      }
+      if (launch_locked() != CHI_OK) fail_locked("relaunching the orchestrator");
       continue;
     }
     if (done != cudaErrorNotReady) {
-      broken_ = true;
-      running_ = false;
       cuda_error(CHI_ERR_INTERNAL, id_, "orchestrator kernel failed", done);
-      log(LogLevel::kError, "%s", last_error());
+      fail_locked(nullptr);
       continue;
     }
     const int64_t due = launched_at_ + int64_t(shape_.lease_ns);
@@ -325,9 +319,7 @@ void GpuDevice::lease_loop() {
     if (!running_ || broken_ || launches_.load() - 1 != n) continue;  // paused, or launched anew
     lease_phase(CHI_DIAG_PHASE_QUEUE, n);
     if (launch_locked(true) != CHI_OK) {
-      broken_ = true;
-      running_ = false;
-      log(LogLevel::kError, "GPU %d: queuing the orchestrator's next lease: %s", id_, last_error());
+      fail_locked("queuing the orchestrator's next lease");
       continue;
     }
     __atomic_store_n(&host_lease_[1], n + 3, __ATOMIC_RELEASE);
@@ -353,14 +345,25 @@ void GpuDevice::lease_loop() {
     lock.lock();
     if (lease_quit_.load()) return;
     if (e != cudaSuccess && e != cudaErrorNotReady) {
-      broken_ = true;
-      running_ = false;
       cuda_error(CHI_ERR_INTERNAL, id_, "orchestrator kernel failed", e);
-      log(LogLevel::kError, "%s", last_error());
+      fail_locked(nullptr);
       continue;
     }
     if (e == cudaSuccess && launches_.load() == n + 2) launched_at_ = now_ns();  // n + 1 started
   }
+}
+
+void GpuDevice::fail_locked(const char *what) {
+  broken_ = true;
+  running_ = false;
+  failure_ = what ? std::string("GPU ") + std::to_string(id_) + ": " + what + ": " + last_error()
+                  : std::string(last_error());
+  // A fault in a kernel loses the process's CUDA context: nothing on this GPU
+  // runs again.  Waiters of CPU->GPU tasks get the reason at once instead of
+  // their timeout; CPU routes go on.
+  log(LogLevel::kError, "%s; GPU routes of GPU %d answer errors from now on (docs/reliability.md)",
+      failure_.c_str(), id_);
+  if (exec_) exec_->mark_failed(failure_);
 }
 
 void GpuDevice::lease_phase(uint64_t phase, uint64_t n) {
@@ -434,9 +437,9 @@ chi_status_t GpuDevice::pause_locked() {
     cudaError_t e = cudaStreamQuery(orch_stream_);
     if (e == cudaSuccess) break;
     if (e != cudaErrorNotReady) {
-      broken_ = true;
-      running_ = false;
-      return cuda_error(CHI_ERR_INTERNAL, id_, "orchestrator kernel failed", e);
+      const chi_status_t s = cuda_error(CHI_ERR_INTERNAL, id_, "orchestrator kernel failed", e);
+      fail_locked(nullptr);
+      return set_error(s, "%s", failure_.c_str());
     }
     if (now_ns() - t0 > kStopTimeoutNs) {
       broken_ = true;

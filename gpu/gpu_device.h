@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -78,6 +79,9 @@ class GpuDevice {
   // The lease thread: relaunches the orchestrator each time its lease ends,
   // until pause (waits for resume) or shutdown.
   void lease_loop();
+  // The kernel or a launch failed: marks the GPU failed (broken_), logs why
+  // (what, and the thread's last error), fails CPU->GPU submits and waits.
+  void fail_locked(const char *what);
   // Where the lease thread is (diag words CHI_DIAG_LEASE_*), for watchdogs.
   void lease_phase(uint64_t phase, uint64_t n);
 
@@ -108,6 +112,7 @@ class GpuDevice {
   int64_t launched_at_ = 0;            // now_ns() when the newest launch started, about
   bool running_ = false;  // the orchestrator is on: launched, or about to be relaunched
   bool broken_ = false;  // the kernel faulted or would not stop: no more CUDA work
+  std::string failure_;  // why, once broken_ by a failure
   bool shut_ = false;
   bool kernel_gone_ = true;  // false: the kernel would not stop, so its memory stays
   chi_gpu_launch_fn launcher_ = nullptr;

@@ -123,8 +123,16 @@ bool H2dExecutor::take_slot(uint32_t *slot) {
       int64_t(cfg.submit_timeout_ms) * 1000000, cfg.spin_ns, 100000);
 }
 
+void H2dExecutor::mark_failed(const std::string &why) {
+  if (failed_.load(std::memory_order_acquire)) return;
+  failed_why_ = why;
+  failed_.store(true, std::memory_order_release);
+}
+
 chi_status_t H2dExecutor::submit(chi_method_t method, const void *input, size_t input_size,
                                  uint32_t *slot_out, uint32_t *gen_out) {
+  if (failed_.load(std::memory_order_acquire))
+    return set_error(CHI_ERR_INTERNAL, "GPU %d: orchestrator failed: %s", gpu_, failed_why_.c_str());
   if (!open_.load(std::memory_order_acquire))
     return set_error(CHI_ERR_SHUTDOWN, "GPU %d: runtime is shutting down", gpu_);
   if (input_size > shape_.max_payload)
@@ -162,12 +170,19 @@ chi_status_t H2dExecutor::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, 
   const Config &cfg = rt_.config();
   int64_t max_nap = int64_t(cfg.gpu.poll_interval_us) * 1000;
   if (max_nap < 1000) max_nap = 1000;
-  auto ready = [&] { return finished(slot, gen) || stopped_.load(std::memory_order_acquire); };
+  auto ready = [&] {
+    return finished(slot, gen) || stopped_.load(std::memory_order_acquire) ||
+           failed_.load(std::memory_order_acquire);
+  };
   if (!wait_until(ready, timeout_ns, cfg.spin_ns, max_nap))
     return set_error(CHI_ERR_TIMEOUT, "GPU %d: task not finished within %lld ns", gpu_,
                      (long long)timeout_ns);
-  if (!finished(slot, gen))
+  if (!finished(slot, gen)) {
+    if (failed_.load(std::memory_order_acquire))
+      return set_error(CHI_ERR_INTERNAL, "GPU %d: orchestrator failed before the task ran: %s", gpu_,
+                       failed_why_.c_str());
     return set_error(CHI_ERR_SHUTDOWN, "GPU %d: runtime shut down before the task ran", gpu_);
+  }
   // The header's two words are stored by one lane, back to back.
   uint64_t w1;
   const int64_t t0 = now_ns();

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <mutex>
 #include <vector>
 
@@ -39,6 +40,9 @@ class H2dExecutor final : public Executor {
   void close() { open_.store(false, std::memory_order_release); }
   // The orchestrator is gone: waits for unfinished tasks return CHI_ERR_SHUTDOWN.
   void mark_stopped() { stopped_.store(true, std::memory_order_release); }
+  // The orchestrator failed (a fault lost the CUDA context): new submits and
+  // waits for unfinished tasks return CHI_ERR_INTERNAL with `why`, at once.
+  void mark_failed(const std::string &why);
 
  private:
   enum : uint32_t { kFree = 0, kSubmitted = 1, kClaimed = 2, kReleased = 3 };
@@ -59,6 +63,8 @@ class H2dExecutor final : public Executor {
   alignas(64) std::atomic<uint64_t> tail_{0};
   alignas(64) std::atomic<bool> open_{true};
   std::atomic<bool> stopped_{false};
+  std::atomic<bool> failed_{false};
+  std::string failed_why_;  // written once, before failed_ is set
   std::mutex released_mu_;
   std::vector<uint32_t> released_;
   std::atomic<uint32_t> nreleased_{0};

@@ -10,6 +10,11 @@ if(CHI_HAVE_CUDA)
   chi_add_test(test_gpu_coexist SOURCES gpu/test_gpu_coexist.cu GPU TIMEOUT 300 LABELS gpu)
   # Waiting device submits from a full-device grid, chi_dev_release.
   chi_add_test(test_gpu_device_submit SOURCES gpu/test_gpu_device_submit.cu GPU TIMEOUT 300 LABELS gpu)
+  # A device handler that traps / reads an unmapped address: contained.
+  chi_add_test(test_gpu_fault SOURCES gpu/test_gpu_fault.cu GPU TIMEOUT 120 LABELS gpu)
+  set_target_properties(test_gpu_fault PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
+  add_test(NAME test_gpu_fault_oob COMMAND test_gpu_fault oob)
+  set_tests_properties(test_gpu_fault_oob PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77 LABELS gpu)
   # An ordinary CUDA program beside a busy chimaera-server, without and with MPS.
   if(TARGET chimaera-server)
     chi_add_test(test_gpu_beside_server SOURCES gpu/test_gpu_beside_server.cu GPU TIMEOUT 300 LABELS "gpu;server")
