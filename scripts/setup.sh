@@ -11,7 +11,7 @@ have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok
 # where ~/.cargo has a newer one, ctest runs the Rust suite with both
 # (rust_cargo_test, rust_cargo_test_debian).  docs/toolchains.md lists the
 # versions.
-for p in cmake ninja-build g++ pkg-config libyaml-dev libcmocka-dev libzmq3-dev jq clang libclang-rt-14-dev gfortran bindgen gnuplot-nox python3 hipcc libamdhip64-dev cargo; do
+for p in cmake ninja-build g++ pkg-config libyaml-dev libcmocka-dev libzmq3-dev jq clang libclang-rt-14-dev gfortran bindgen gnuplot-nox python3 iproute2 hipcc libamdhip64-dev cargo; do
   have_pkg "$p" || need+=("$p")
 done
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"

@@ -83,7 +83,10 @@ chi_status_t ZmqListener::bind() {
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) return set_error(CHI_ERR_INTERNAL, "eventfd: %s", strerror(errno));
   // LINGER: replies and the final "gone" frames leave before the socket closes.
-  const int linger = 2000, hwm = 65536, ivl = 1000, hb_timeout = 30000;
+  // Heartbeats find a client whose network is gone (one that exits or is
+  // killed is seen at once, from its connection): its session and queued
+  // tasks are reclaimed after the same 10 s of silence a client allows.
+  const int linger = 2000, hwm = 65536, ivl = 1000, hb_timeout = 10000;
   const struct {
     int option;
     int value;
