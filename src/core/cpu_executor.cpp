@@ -16,13 +16,6 @@
 namespace chi {
 
 namespace {
-thread_local bool t_submit_never_blocks = false;
-}  // namespace
-
-void set_submit_never_blocks(bool on) { t_submit_never_blocks = on; }
-bool submit_never_blocks() { return t_submit_never_blocks; }
-
-namespace {
 
 // Nested chi_wait calls on a worker run queued tasks while they wait.  Past
 // this depth they run only their own worker's queue (the children of the
@@ -36,6 +29,7 @@ constexpr int kMaxHelpDepth = 16;
 CHI_TLS const void *tls_pool = nullptr;
 CHI_TLS uint32_t tls_worker = 0;
 CHI_TLS int tls_help_depth = 0;
+CHI_TLS bool tls_submit_never_blocks = false;
 
 // Ring cells of the shared run queue and of each worker's own queue; deeper
 // queues spill into lists (see run_queue.h).  A ring's memory is touched as
@@ -67,7 +61,7 @@ struct CpuExecutor::Slot {
   chi_status_t status;
   uint32_t output_size;
   chi_method_t method;
-  int64_t submit_ns;
+  int64_t submit_ns;  // 0: not timed (RouteStats samples one task in kSampleEvery)
   RemoteSink *sink;  // kRemote slots only
   uint64_t cookie;
 };
@@ -189,6 +183,9 @@ uint8_t *CpuExecutor::input_of(uint32_t index, size_t size) const {
 uint8_t *CpuExecutor::input_dst(void *self, uint32_t slot) {
   return static_cast<CpuExecutor *>(self)->input_of(slot, RunQueue::kInline);
 }
+
+void set_submit_never_blocks(bool on) { tls_submit_never_blocks = on; }
+bool submit_never_blocks() { return tls_submit_never_blocks; }
 
 bool CpuExecutor::on_worker_thread() const {
   return tls_pool == this;
@@ -317,7 +314,8 @@ void CpuExecutor::queue_task(uint32_t index, chi_method_t method, const void *in
                              size_t input_size, bool worker) {
   Slot *s = slot_at(index);
   s->method = method;
-  s->submit_ns = now_ns();
+  // Remote tasks are timed by the server that took them.
+  s->submit_ns = !s->sink && RouteStats::sample() ? now_ns() : 0;
   if (input_size > RunQueue::kInline) std::memcpy(input_of(index, input_size), input, input_size);
   // Never full: a queue holds at most nslots_ entries.  The push publishes the
   // slot.
@@ -366,7 +364,7 @@ void CpuExecutor::run_task(const QueuedTask &task) {
     free_slot(index);
     return;
   }
-  stats_.finished(st, now_ns() - s->submit_ns);
+  stats_.finished(st, s->submit_ns ? now_ns() - s->submit_ns : -1);
   s->status = st;
   s->output_size = uint32_t(out_size);
   const uint32_t gen = slot::gen_of(s->state.load(std::memory_order_relaxed));
