@@ -39,6 +39,11 @@ std::string status_text(Service &service, bool json) {
     orch_text += one;
   }
   if (orch_text.empty()) orch_text = "none";
+  // MPS: whether the GPUs are shared with other processes' contexts
+  // concurrently or time-sliced (docs/server.md, "GPUs shared by processes").
+  std::string mps_dir;
+  const bool mps = ngpus > 0 && rt.gpu()->mps_active(&mps_dir);
+  if (ngpus > 0) orch_text += mps ? "; MPS active" : "; MPS not active";
   static const char *const names[] = {"cpu", "gpu", "client", "reserved"};
   char line[512];
   std::string out;
@@ -65,7 +70,7 @@ std::string status_text(Service &service, bool json) {
              pollers, (unsigned long long)st.slots_in_use, (unsigned long long)st.slots_total,
              st.gpus);
     out += line;
-    out += orch_json + "],\"clients\":[";
+    out += orch_json + "],\"mps\":" + (mps ? "true" : "false") + ",\"clients\":[";
     for (size_t i = 0; i < rows.size(); ++i) {
       snprintf(line, sizeof line,
                "%s{\"id\":%u,\"pid\":%d,\"uid\":%u,\"submitted\":%llu,\"finished\":%llu,\"in_flight\":%u}",

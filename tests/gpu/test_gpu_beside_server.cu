@@ -168,6 +168,22 @@ static int round_with(const char *mode, const std::string &self) {
     wait_status(srv);
     return 1;
   }
+  /* chimaera-ctl status says whether the GPU is shared under MPS. */
+  char status[8192];
+  size_t slen = 0;
+  if (chi_server_query(address, "status-json", status, sizeof status, &slen) != CHI_OK) {
+    fprintf(stderr, "%s: status: %s\n", mode, chi_last_error_message());
+    kill(srv, SIGKILL);
+    wait_status(srv);
+    return 1;
+  }
+  const bool want_mps = strcmp(mode, "MPS") == 0;
+  if (!strstr(status, want_mps ? "\"mps\":true" : "\"mps\":false") && strstr(status, "\"gpus\":0") == NULL) {
+    fprintf(stderr, "%s: status does not say mps %s: %s\n", mode, want_mps ? "true" : "false", status);
+    kill(srv, SIGKILL);
+    wait_status(srv);
+    return 1;
+  }
   pid_t ld = spawn({self, "load", address}, nullptr);
   sleep_ms(300); /* the load is flowing */
   pid_t nb = spawn({self, "neighbour", mode}, nullptr);
