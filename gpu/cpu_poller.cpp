@@ -1,5 +1,6 @@
 #include "gpu/cpu_poller.h"
 
+#include <sys/prctl.h>
 #include <time.h>
 
 #include <cstring>
@@ -26,11 +27,13 @@ CpuPoller::CpuPoller(Runtime &rt, int32_t gpu, const Shape &shape, uint64_t *rin
 
 void CpuPoller::start() {
   stop_.store(false, std::memory_order_relaxed);
+  group_ = std::make_unique<PollGroup>(shape_.cpu_pollers);
   for (uint32_t p = 0; p < shape_.cpu_pollers; ++p) threads_.emplace_back([this, p] { run(p); });
 }
 
 void CpuPoller::stop() {
   stop_.store(true, std::memory_order_release);
+  if (group_) group_->stop();
   for (auto &t : threads_) t.join();
   threads_.clear();
 }
@@ -92,39 +95,57 @@ bool CpuPoller::serve(uint64_t ticket, unsigned char *in, unsigned char *out) {
 
 void CpuPoller::run(uint32_t part) {
   t_on_poller = true;
+  // Naps mean what the configuration says (the default slack of 50 us
+  // would stretch a 100 us nap by half).
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
   std::unique_ptr<unsigned char[]> in(new unsigned char[shape_.payload_stride]);
   std::unique_ptr<unsigned char[]> out(new unsigned char[shape_.payload_stride]);
   const Config &cfg = rt_.config();
-  const int64_t spin_ns = cfg.gpu.poller_spin_ns;
-  const int64_t max_nap = int64_t(cfg.gpu.poll_interval_us) * 1000;
+  IdleBackoffConfig bc;
+  bc.spin_ns = cfg.gpu.poller_spin_ns;
+  bc.nap_max_ns = int64_t(cfg.gpu.poll_interval_us) * 1000;
+  // poll_interval_us 0: pollers never sleep, so they never park either.
+  bc.park_after_ns = cfg.gpu.poller_park_after_us && bc.nap_max_ns > 0
+                         ? int64_t(cfg.gpu.poller_park_after_us) * 1000
+                         : -1;
+  bc.watch_max_ns = int64_t(cfg.gpu.poller_watch_interval_us) * 1000;
+  IdleBackoff backoff(bc);
+  PollGroup &group = *group_;
   const uint32_t step = shape_.cpu_pollers;
-  uint64_t ticket = part;
-  int64_t idle_since = 0, nap = 1000, last_reap = 0;
-  uint32_t idle_polls = 0;
+  auto serve_ticket = [&](uint64_t t) { return serve(t, in.get(), out.get()); };
+  auto reap = [&] {
+    if (reaper_) reaper_->reap();
+  };
+  uint64_t ticket = group.take(part);
+  int64_t last_reap = 0;
   while (!stop_.load(std::memory_order_acquire)) {
     if (serve(ticket, in.get(), out.get())) {
       ticket += step;
-      idle_since = 0;
-      idle_polls = 0;
-      nap = 1000;
+      backoff.reset();
       continue;
     }
-    // Idle: spin (cheap: the line stays in this core's cache until a GPU
-    // write invalidates it), then nap longer and longer, up to poll_interval_us.
-    if ((++idle_polls & 255) != 0) {
+    int64_t nap = 0;
+    const IdleBackoff::Step what = backoff.idle(now_ns, &nap);
+    if (what == IdleBackoff::Step::kSpin) {
       cpu_relax();
       continue;
     }
-    int64_t now = now_ns();
-    if (idle_since == 0) idle_since = now;
-    if (part == 0 && reaper_ && now - last_reap > 1000000) {
-      reaper_->reap();
-      last_reap = now;
+    if (part == 0) {
+      const int64_t now = now_ns();
+      if (now - last_reap > PollGroup::kWatchHookNs) {
+        reap();
+        last_reap = now;
+      }
     }
-    if (now - idle_since < spin_ns || max_nap <= 0) continue;
-    timespec ts{0, long(nap)};
-    nanosleep(&ts, nullptr);
-    nap = nap * 2 < max_nap ? nap * 2 : max_nap;
+    if (what == IdleBackoff::Step::kNap) {
+      group.nap(nap);
+      continue;
+    }
+    // Parked: the group's watcher serves this part until it gets busy.
+    group.hand_over(part, ticket);
+    group.park(part, backoff, serve_ticket, reap);
+    ticket = group.take(part);
+    backoff.reset();
   }
 }
 

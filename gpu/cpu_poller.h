@@ -1,13 +1,17 @@
 // GPU->CPU tasks: CPU threads that read the ring kernels write to (pinned host
 // memory), run the CPU handler and write the LL reply the kernel polls.
-// Poller p serves tickets t with t % pollers == p, in ticket order.
+// Poller p serves tickets t with t % pollers == p, in ticket order.  Idle
+// pollers back off and park as one PollGroup (core/poll_group.h): one
+// watches every part with naps, the others sleep.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <thread>
 #include <vector>
 
+#include "core/poll_group.h"
 #include "gpu/shape.h"
 
 namespace chi {
@@ -42,6 +46,7 @@ class CpuPoller {
   uint8_t *const buf_;
   H2dExecutor *const reaper_;
   std::atomic<bool> stop_{false};
+  std::unique_ptr<PollGroup> group_;  // made by start()
   std::vector<std::thread> threads_;
 };
 

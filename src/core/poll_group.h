@@ -1,0 +1,178 @@
+// Poller threads that share one ring, each serving its own part of it (a
+// part is a ticket sequence: p, p + parts, p + 2 parts, ...), and that park
+// together when idle, so an idle group costs one thread's naps instead of
+// every thread's.
+//
+// A part is served by whoever holds it: its owner while active; while the
+// owner is parked, the group's watcher.  The watcher is the one parked
+// poller that keeps polling: it passes over every part it can take, serves
+// what is published there, naps between passes (IdleBackoff: spin after
+// work, then naps growing up to watch_max_ns), and wakes a part's owner only
+// when that part keeps it busy (kWakeAfter tasks between two naps), so
+// sporadic tasks are served without waking anyone.  The others sleep on a
+// futex word of their own part.  When its own part gets busy the watcher
+// goes back to work and wakes the sleepers, one of which takes over.
+//
+// Used by the GPU->CPU pollers (gpu/cpu_poller.cpp); it knows nothing of
+// their ring, so tests drive it with any ticket source.
+#pragma once
+
+#include <sched.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "core/futex.h"
+#include "core/idle_backoff.h"
+
+namespace chi {
+
+class PollGroup {
+ public:
+  // Tasks the watcher serves from one part between two naps before it
+  // wakes the part's owner (its own part: before it goes back to work).
+  static constexpr uint32_t kWakeAfter = 32;
+  // A sleeper re-checks the group this often even if nobody wakes it (a
+  // safety net: every change it waits for also wakes it).
+  static constexpr int64_t kSleeperCheckNs = 100000000;
+  // The watcher calls on_watch at most this often (e.g. to reap).
+  static constexpr int64_t kWatchHookNs = 1000000;
+
+  explicit PollGroup(uint32_t parts) : n_(parts ? parts : 1), parts_(new Part[n_]) {
+    for (uint32_t p = 0; p < n_; ++p) parts_[p].next = p;
+  }
+  uint32_t parts() const { return n_; }
+
+  // The owner takes its part back (waiting while the watcher serves it) and
+  // gets the part's next ticket.
+  uint64_t take(uint32_t p) {
+    Part &q = parts_[p];
+    // The watcher holds it for at most kWakeAfter tasks.
+    for (unsigned k = 1; q.held.exchange(1, std::memory_order_acquire) != 0; ++k)
+      if (k % 64 == 0) sched_yield(); else cpu_relax();
+    return q.next;
+  }
+  // The owner leaves its part, `next` its next ticket.
+  void hand_over(uint32_t p, uint64_t next) {
+    parts_[p].next = next;
+    release(parts_[p]);
+  }
+
+  // Parks poller p, which handed its part over, until its part needs it or
+  // the group stops.  serve(ticket) serves a published ticket (false: not
+  // published yet); on_watch() runs on the watcher now and then.
+  template <class Serve, class OnWatch>
+  void park(uint32_t p, IdleBackoff &b, Serve &&serve, OnWatch &&on_watch) {
+    Part &me = parts_[p];
+    for (;;) {
+      if (stopping()) return;
+      if (me.call.exchange(0, std::memory_order_seq_cst)) return;
+      int32_t none = -1;
+      if (watcher_.compare_exchange_strong(none, int32_t(p), std::memory_order_seq_cst)) {
+        watch(p, b, serve, on_watch);
+        return;
+      }
+      const uint32_t seq = me.wake.load(std::memory_order_seq_cst);
+      if (stopping() || me.call.load(std::memory_order_seq_cst) ||
+          watcher_.load(std::memory_order_seq_cst) < 0)
+        continue;
+      sleeping_.fetch_add(1, std::memory_order_relaxed);
+      futex_wait(&me.wake, seq, kSleeperCheckNs);
+      sleeping_.fetch_sub(1, std::memory_order_relaxed);
+    }
+  }
+
+  // Sleeps up to ns; stop() ends it early.
+  void nap(int64_t ns) { futex_wait(&stop_seq_, stop_seq_.load(std::memory_order_acquire), ns); }
+
+  void stop() {
+    stopping_.store(true, std::memory_order_seq_cst);
+    stop_seq_.fetch_add(1, std::memory_order_seq_cst);
+    futex_wake(&stop_seq_);
+    for (uint32_t q = 0; q < n_; ++q) ring(parts_[q]);
+  }
+  bool stopping() const { return stopping_.load(std::memory_order_acquire); }
+  // For tests and diagnostics: pollers asleep, and the watcher (-1: none).
+  uint32_t sleeping() const { return sleeping_.load(std::memory_order_relaxed); }
+  int32_t watcher() const { return watcher_.load(std::memory_order_seq_cst); }
+
+ private:
+  struct alignas(64) Part {
+    std::atomic<uint32_t> held{0};  // 1 while a thread serves the part
+    std::atomic<uint32_t> wake{0};  // futex word its parked owner sleeps on
+    std::atomic<uint32_t> call{0};  // 1: its owner is wanted back
+    uint64_t next = 0;              // its next ticket, while nobody holds it
+  };
+
+  static void release(Part &q) { q.held.store(0, std::memory_order_release); }
+  static void ring(Part &q) {
+    q.wake.fetch_add(1, std::memory_order_seq_cst);
+    futex_wake(&q.wake, 1);
+  }
+
+  template <class Serve, class OnWatch>
+  void watch(uint32_t p, IdleBackoff &b, Serve &&serve, OnWatch &&on_watch) {
+    std::unique_ptr<uint32_t[]> streak(new uint32_t[n_]());
+    int64_t last_hook = now_ns();
+    bool mine_busy = false;
+    while (!stopping() && !mine_busy) {
+      bool served = false;
+      for (uint32_t k = 0; k < n_; ++k) {
+        const uint32_t q = (p + k) % n_;  // its own part first
+        Part &part = parts_[q];
+        if (part.held.exchange(1, std::memory_order_acquire) != 0) continue;  // its owner is back
+        uint32_t got = 0;
+        while (got < kWakeAfter && serve(part.next)) {
+          part.next += n_;
+          ++got;
+        }
+        release(part);
+        if (!got) continue;
+        served = true;
+        streak[q] += got;
+        if (streak[q] < kWakeAfter) continue;
+        streak[q] = 0;
+        if (q == p) {
+          mine_busy = true;
+        } else {
+          part.call.store(1, std::memory_order_seq_cst);
+          ring(part);
+        }
+      }
+      if (served) b.reset();
+      const int64_t now = now_ns();
+      if (now - last_hook >= kWatchHookNs) {
+        on_watch();
+        last_hook = now;
+      }
+      if (served) continue;
+      int64_t ns = 0;
+      switch (b.idle(now_ns, &ns)) {
+        case IdleBackoff::Step::kSpin:
+          cpu_relax();
+          continue;
+        case IdleBackoff::Step::kNap:
+          break;
+        case IdleBackoff::Step::kPark:
+          ns = b.watch_nap();
+          break;
+      }
+      for (uint32_t q = 0; q < n_; ++q) streak[q] = 0;
+      nap(ns);
+    }
+    // Leaving: a sleeper takes over (the first to see the vacancy).
+    watcher_.store(-1, std::memory_order_seq_cst);
+    for (uint32_t q = 0; q < n_; ++q)
+      if (q != p) ring(parts_[q]);
+  }
+
+  const uint32_t n_;
+  std::unique_ptr<Part[]> parts_;
+  alignas(64) std::atomic<int32_t> watcher_{-1};
+  std::atomic<uint32_t> sleeping_{0};
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint32_t> stop_seq_{0};
+};
+
+}  // namespace chi

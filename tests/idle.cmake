@@ -1,0 +1,4 @@
+# Idle policy of the pollers (src/core/idle_backoff.h, poll_group.h) on the
+# CPU: the GPU->CPU pollers use it, and it is tested here without a GPU.
+chi_add_test(test_idle SOURCES test_idle.cpp TIMEOUT 120 LABELS core)
+target_include_directories(test_idle PRIVATE ${PROJECT_SOURCE_DIR}/src)
