@@ -85,7 +85,8 @@ chi_status_t cuda_error(chi_status_t status, int32_t gpu, const char *what, cuda
   return set_error(status, "GPU %d: %s: %s", gpu, what, cudaGetErrorString(e));
 }
 
-GpuDevice::GpuDevice(Runtime &rt, int32_t id, int ordinal) : rt_(rt), id_(id), ordinal_(ordinal) {}
+GpuDevice::GpuDevice(Runtime &rt, int32_t id, int ordinal, int32_t ngpus)
+    : rt_(rt), id_(id), ordinal_(ordinal), ngpus_(ngpus) {}
 
 GpuDevice::~GpuDevice() {
   shutdown();
@@ -199,6 +200,7 @@ chi_status_t GpuDevice::allocate() {
   l.diag = reinterpret_cast<uint64_t *>(pdev + diag);
   l.gate = reinterpret_cast<uint64_t *>(dev_ + gate);
   l.lease_us = uint32_t(s.lease_ns / 1000);
+  l.ngpus = ngpus_;
 
   chi_dev_orch_state_t os;
   std::memset(&os, 0, sizeof os);

@@ -43,7 +43,8 @@ chi_status_t cuda_error(chi_status_t status, int32_t gpu, const char *what, cuda
 
 class GpuDevice {
  public:
-  GpuDevice(Runtime &rt, int32_t id, int ordinal);
+  // ngpus: GPUs of the runtime (device code refuses CHI_ROUTE_GPU(n >= ngpus)).
+  GpuDevice(Runtime &rt, int32_t id, int ordinal, int32_t ngpus);
   ~GpuDevice();
 
   // Allocates and initializes everything, starts the pollers and the built-in orchestrator.
@@ -88,6 +89,7 @@ class GpuDevice {
   Runtime &rt_;
   const int32_t id_;
   const int ordinal_;
+  const int32_t ngpus_;
   Shape shape_;
   cudaStream_t orch_stream_ = nullptr;  // the orchestrator's, non-blocking
   cudaStream_t ctl_stream_ = nullptr;   // control writes and uploads, non-blocking

@@ -30,8 +30,9 @@ class DeviceGpuSystem final : public GpuSystem {
   explicit DeviceGpuSystem(Runtime &rt) : rt_(rt) {}
   ~DeviceGpuSystem() override { shutdown(); }
 
-  chi_status_t add(int ordinal) {
-    auto d = std::make_unique<GpuDevice>(rt_, int32_t(devs_.size()), ordinal);
+  // ngpus: how many GPUs this system will drive (device code's CHI_ROUTE_GPU bound).
+  chi_status_t add(int ordinal, int32_t ngpus) {
+    auto d = std::make_unique<GpuDevice>(rt_, int32_t(devs_.size()), ordinal, ngpus);
     if (chi_status_t s = d->start(); s != CHI_OK) return s;
     devs_.push_back(std::move(d));
     return CHI_OK;
@@ -274,7 +275,7 @@ chi_status_t create_gpu_system(Runtime &rt, const Config &cfg, std::unique_ptr<G
   log(LogLevel::kInfo, "MPS %s (control pipe directory %s)", mps ? "active" : "not active",
       mps_dir.c_str());
   for (int d : use)
-    if (chi_status_t s = sys->add(d); s != CHI_OK) return s;
+    if (chi_status_t s = sys->add(d, int32_t(use.size())); s != CHI_OK) return s;
   *out = std::move(sys);
   return CHI_OK;
 }

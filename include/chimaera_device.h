@@ -17,7 +17,8 @@
  *                       CHI_ROUTE_GPU_ANY and CHI_ROUTE_GPU(own id) mean the same.
  *   CHI_ROUTE_CPU       a CPU poller thread of the runtime runs the method's CPU
  *                       handler (GPU->CPU); the handler sees source = GPU id.
- *   CHI_ROUTE_GPU(n)    another GPU: not supported, CHI_ERR_INVALID (see docs/gpu.md).
+ *   CHI_ROUTE_GPU(n)    another GPU of the runtime: not supported yet, CHI_ERR_INVALID;
+ *                       n not a GPU of the runtime: CHI_ERR_NO_DEVICE (see docs/gpu.md).
  *
  * Warp semantics: every function below is per thread, except the
  * chi_dev_warp_* variants.  Any subset of a warp's lanes may call a
@@ -102,7 +103,8 @@ CHI_DEVICE chi_status_t submit_one(const chi_dev_context_t *ctx, chi_route_t rou
  * gpu.device_submit_timeout_us (default 1 s; 0: never waits); a handler in
  * the orchestrator (req->ctx) never waits (see above).
  * Returns CHI_OK, CHI_ERR_INVALID (NULL future, bad context, method 0, NULL input
- * with a size, route to another GPU), CHI_ERR_TOO_LARGE (input_size over
+ * with a size, route to another GPU), CHI_ERR_NO_DEVICE (CHI_ROUTE_GPU(n) with no
+ * GPU n in the runtime), CHI_ERR_TOO_LARGE (input_size over
  * gpu.max_payload), CHI_ERR_AGAIN (no slot freed within the timeout; nothing
  * was queued), CHI_ERR_INTERNAL (run queue broken).  An unknown method is not
  * an error here: chi_dev_wait returns CHI_ERR_NOT_FOUND.

@@ -98,6 +98,7 @@ typedef struct chi_dev_ctx_layout {
   uint64_t *gate;            /* GPU->GPU gate (device): bit 63 set while the orchestrator has
                               * stepped aside, low bits the submitters between ticket and push */
   uint32_t lease_us;         /* gpu.lease_us */
+  int32_t ngpus;             /* GPUs the runtime drives (CHI_ROUTE_GPU(n >= ngpus): CHI_ERR_NO_DEVICE) */
 } chi_dev_ctx_layout_t;
 
 /* The orchestrator's state in device memory, passed to its kernel. */

@@ -406,7 +406,8 @@ CHI_DEVICE chi_status_t check_submit(const chi_dev_context_t *ctx, chi_route_t r
   if (input_size > l->max_payload) return CHI_ERR_TOO_LARGE;
   if (route == CHI_ROUTE_LOCAL || route == CHI_ROUTE_GPU_ANY || route == l->gpu) *kind = kKindLocal;
   else if (route == CHI_ROUTE_CPU) *kind = kKindCpu;
-  else return CHI_ERR_INVALID;
+  else if (route >= 0 && route >= l->ngpus) return CHI_ERR_NO_DEVICE; /* no such GPU */
+  else return CHI_ERR_INVALID; /* another GPU of the runtime: not from device code (docs/gpu.md) */
   return CHI_OK;
 }
 

@@ -114,7 +114,7 @@ __global__ void k_errors(chi_dev_context_t ctx, chi_route_t route, uint32_t max,
   val[1] = osz;
   st[6] = chi_dev_wait(&ctx, f, GT_WAIT_NS, out, 64, &osz); /* consumed: INVALID */
   st[7] = chi_dev_wait(&ctx, 0, 0, out, 64, &osz);          /* INVALID */
-  st[8] = chi_dev_submit(&ctx, CHI_ROUTE_GPU(7), CHI_METHOD_ECHO, in, 8, &g); /* INVALID */
+  st[8] = chi_dev_submit(&ctx, CHI_ROUTE_GPU(7), CHI_METHOD_ECHO, in, 8, &g); /* NO_DEVICE with < 8 GPUs */
   st[9] = chi_dev_submit(&ctx, route, 0, in, 8, &g);                          /* INVALID */
   /* chi_dev_test until done, then the result. */
   st[10] = chi_dev_submit(&ctx, route, CHI_METHOD_ECHO, in, 64, &f);
@@ -247,9 +247,13 @@ static void run_errors(chi_route_t route) {
   memset(g_st, 0x7F, 64 * sizeof(int32_t));
   k_errors<<<1, 1, 0, g_stream>>>(g_ctx, route, g_max, g_scratch, g_st, g_val);
   sync_stream();
+  int32_t gpus = 0;
+  chi_gpu_count(g_rt, &gpus);
+  /* CHI_ROUTE_GPU(7) from a kernel: no such GPU below 8 GPUs, else another GPU (not from device code). */
+  const chi_status_t gpu7 = gpus <= 7 ? CHI_ERR_NO_DEVICE : CHI_ERR_INVALID;
   const chi_status_t want[16] = {CHI_ERR_TOO_LARGE, CHI_OK,          CHI_ERR_NOT_FOUND,
                                  CHI_OK,            CHI_ERR_TOO_LARGE, CHI_OK,
-                                 CHI_ERR_INVALID,   CHI_ERR_INVALID, CHI_ERR_INVALID,
+                                 CHI_ERR_INVALID,   CHI_ERR_INVALID, gpu7,
                                  CHI_ERR_INVALID,   CHI_OK,          1,
                                  CHI_OK,            CHI_ERR_INVALID, CHI_ERR_INVALID,
                                  CHI_ERR_INVALID};
