@@ -243,5 +243,6 @@ int main(int argc, char **argv) {
   int fail = lost || g_hdr->duplicates || bad_output || g_hdr->bad_input || g_hdr->out_of_range ||
              refused_ran || unanswered || answered_twice || hangs || reconnect_bound || reused || bad_client || acked_ok == 0;
   printf("checks: %s\n", fail ? "FAILED" : "passed");
+  free(client_seen);
   return fail ? 1 : 0;
 }
