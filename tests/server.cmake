@@ -22,7 +22,7 @@ if(TARGET chimaera-server AND CHI_BUILD_EXAMPLES)
 endif()
 
 # 200 graceful stops in a row under load, on each transport (test_server's
-# test_stop_under_load; about a minute each on 2 cores): not in the default
+# test_stop_under_load; 6-9 s each on the 2-core machine): not in the default
 # run.  cmake -DCHI_LONG_TESTS=ON, then ctest -L long.
 option(CHI_LONG_TESTS "Register the long server tests (label long)" OFF)
 if(CHI_LONG_TESTS)
