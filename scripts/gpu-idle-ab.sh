@@ -72,7 +72,7 @@ for s in "${sets[@]}"; do
     >"$OUT/idle-$name.txt" 2>&1
   rc=$?
   note "$s (rc=$rc): $(grep -h '^RESULT' "$OUT/idle-$name.txt" || tail -1 "$OUT/idle-$name.txt")"
-  grep -h "first task\|back to back\|idle CPU\|thread " "$OUT/idle-$name.txt" | sed 's/^/    /' | tee -a "$SUMMARY" >/dev/null
+  grep -h "first task\|back to back\|idle CPU\|thread " "$OUT/idle-$name.txt" | sed 's/^/    /' | tee -a "$SUMMARY"
 done
 note "idle sweep done ($(elapsed) s)"
 
