@@ -697,9 +697,10 @@ void test_cancel_on_kill(void **) {
                 kids, tasks, (unsigned long long)before.routes[CHI_STATS_CLIENT].in_flight,
                 (unsigned long long)st.routes[CHI_STATS_CLIENT].in_flight, ms, (unsigned long long)cancelled);
   assert_true(st.routes[CHI_STATS_CLIENT].in_flight <= uint64_t(workers));
-  // Each task ran (at most those running at the kill, and a few that
-  // started before their client's hang-up was read) or was cancelled.
-  assert_true(cancelled + 2 * workers >= before.routes[CHI_STATS_CLIENT].in_flight);
+  // Each task ran (those running at the kill, and those that started
+  // before their client's hang-up was read: a worker frees every 200 ms;
+  // room for two such turns on a loaded machine) or was cancelled.
+  assert_true(cancelled + 3 * workers >= before.routes[CHI_STATS_CLIENT].in_flight);
   assert_true(settle(f.rt, 0));
   // The server still serves.
   chi_runtime_t *c = connect_client(f.address);
