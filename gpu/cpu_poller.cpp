@@ -118,6 +118,7 @@ void CpuPoller::run(uint32_t part) {
   };
   uint64_t ticket = group.take(part);
   int64_t last_reap = 0;
+  uint32_t spins = 0;
   while (!stop_.load(std::memory_order_acquire)) {
     if (serve(ticket, in.get(), out.get())) {
       ticket += step;
@@ -126,7 +127,9 @@ void CpuPoller::run(uint32_t part) {
     }
     int64_t nap = 0;
     const IdleBackoff::Step what = backoff.idle(now_ns, &nap);
-    if (what == IdleBackoff::Step::kSpin) {
+    // Poller 0 reaps released CPU->GPU slots every ms while idle, also when
+    // it never sleeps (poll_interval_us 0).
+    if (what == IdleBackoff::Step::kSpin && (part != 0 || (++spins & 1023) != 0)) {
       cpu_relax();
       continue;
     }
@@ -137,6 +140,7 @@ void CpuPoller::run(uint32_t part) {
         last_reap = now;
       }
     }
+    if (what == IdleBackoff::Step::kSpin) continue;
     if (what == IdleBackoff::Step::kNap) {
       group.nap(nap);
       continue;
