@@ -1,5 +1,6 @@
 #include "gpu/cpu_poller.h"
 
+#include <pthread.h>
 #include <sys/prctl.h>
 #include <time.h>
 
@@ -95,6 +96,7 @@ bool CpuPoller::serve(uint64_t ticket, unsigned char *in, unsigned char *out) {
 
 void CpuPoller::run(uint32_t part) {
   t_on_poller = true;
+  pthread_setname_np(pthread_self(), "chi-gpu-poll");  // for top and per-thread CPU figures
   // Naps mean what the configuration says (the default slack of 50 us
   // would stretch a 100 us nap by half).
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);

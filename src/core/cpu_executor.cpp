@@ -393,6 +393,7 @@ bool CpuExecutor::any_task() const {
 }
 
 void CpuExecutor::worker_main(unsigned id) {
+  pthread_setname_np(pthread_self(), "chi-worker");  // for top and per-thread CPU figures
   tls_pool = this;
   tls_worker = id;
   for (;;) {
