@@ -59,7 +59,8 @@ if [ "${CHI_SANITIZERS:-1}" != 0 ]; then
     cmake --build "$sbuild" -j2
     # Sanitized programs run ~10x slower: the tests scale their loops down.
     CHI_TEST_SCALE=0.1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$root/tests/tsan.supp" \
-      ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1" \
+      ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" LSAN_OPTIONS="suppressions=$root/tests/lsan.supp" \
+      UBSAN_OPTIONS="print_stacktrace=1" \
       ctest --test-dir "$sbuild" --output-on-failure -j2 -E 'install|smoke|hip' || status=1
   done
 fi
