@@ -67,6 +67,15 @@
 #include "chimaera/device_protocol.h"
 
 namespace chi_dev_detail {
+/* The context's layout and a future's kind, generation and slot; false for a
+ * NULL or foreign context or a future this context never issued. */
+CHI_DEVICE bool open_future(const chi_dev_context_t *ctx, chi_future_t future, const chi_dev_layout **l,
+                            uint32_t *kind, uint32_t *gen, uint32_t *slot) {
+  if (!ctx) return false;
+  *l = layout(ctx);
+  return (*l)->magic == CHI_DEV_CTX_MAGIC && split_future(future, (*l)->slots, kind, gen, slot);
+}
+
 CHI_DEVICE chi_status_t submit_one(const chi_dev_context_t *ctx, chi_route_t route, chi_method_t method,
                                    const void *input, uint32_t input_size, chi_future_t *future,
                                    bool wait) {
@@ -146,11 +155,9 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
                                      int64_t timeout_ns, void *output, uint32_t output_capacity,
                                      uint32_t *output_size) {
   using namespace chi_dev_detail;
-  if (!ctx) return CHI_ERR_INVALID;
-  const chi_dev_layout *l = layout(ctx);
+  const chi_dev_layout *l;
   uint32_t kind, gen, slot;
-  if (l->magic != CHI_DEV_CTX_MAGIC || !split_future(future, l->slots, &kind, &gen, &slot))
-    return CHI_ERR_INVALID;
+  if (!open_future(ctx, future, &l, &kind, &gen, &slot)) return CHI_ERR_INVALID;
   const uint64_t t0 = chi_port::timer_ns();
   const uint32_t spin_ns = l->wait_spin_ns;
   uint32_t polls = 0;
@@ -292,11 +299,9 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
  * Thread safety: any thread. */
 CHI_DEVICE chi_status_t chi_dev_test(const chi_dev_context_t *ctx, chi_future_t future, int *done) {
   using namespace chi_dev_detail;
-  if (!ctx || !done) return CHI_ERR_INVALID;
-  const chi_dev_layout *l = layout(ctx);
+  const chi_dev_layout *l;
   uint32_t kind, gen, slot;
-  if (l->magic != CHI_DEV_CTX_MAGIC || !split_future(future, l->slots, &kind, &gen, &slot))
-    return CHI_ERR_INVALID;
+  if (!done || !open_future(ctx, future, &l, &kind, &gen, &slot)) return CHI_ERR_INVALID;
   if (kind == kKindLocal) {
     uint32_t s = chi_port::ld_acquire_dev(l->d2d_state + slot);
     if ((s >> 8) != gen || ((s & 0xFFu) != CHI_DEV_SLOT_SUBMITTED && (s & 0xFFu) != CHI_DEV_SLOT_DONE))
@@ -329,11 +334,9 @@ CHI_DEVICE chi_status_t chi_dev_test(const chi_dev_context_t *ctx, chi_future_t 
  * the others get CHI_ERR_INVALID. */
 CHI_DEVICE chi_status_t chi_dev_release(const chi_dev_context_t *ctx, chi_future_t future) {
   using namespace chi_dev_detail;
-  if (!ctx) return CHI_ERR_INVALID;
-  const chi_dev_layout *l = layout(ctx);
+  const chi_dev_layout *l;
   uint32_t kind, gen, slot;
-  if (l->magic != CHI_DEV_CTX_MAGIC || !split_future(future, l->slots, &kind, &gen, &slot))
-    return CHI_ERR_INVALID;
+  if (!open_future(ctx, future, &l, &kind, &gen, &slot)) return CHI_ERR_INVALID;
   if (kind == kKindLocal) {
     uint32_t *state = l->d2d_state + slot;
     uint32_t expect = (gen << 8) | CHI_DEV_SLOT_SUBMITTED;
