@@ -114,8 +114,11 @@ CHI_DEVICE chi_status_t submit_one(const chi_dev_context_t *ctx, chi_route_t rou
  * Returns CHI_OK, CHI_ERR_INVALID (NULL future, bad context, method 0, NULL input
  * with a size, route to another GPU), CHI_ERR_NO_DEVICE (CHI_ROUTE_GPU(n) with no
  * GPU n in the runtime), CHI_ERR_TOO_LARGE (input_size over
- * gpu.max_payload), CHI_ERR_AGAIN (no slot freed within the timeout; nothing
- * was queued), CHI_ERR_INTERNAL (run queue broken).  An unknown method is not
+ * gpu.max_payload), CHI_ERR_AGAIN (no slot freed within the timeout; or, on
+ * the GPU->GPU route, the orchestrator stepped aside for a device-wide CUDA
+ * call in another thread and did not come back within two leases: do not
+ * retry in a loop, that call waits for this kernel; nothing was queued),
+ * CHI_ERR_INTERNAL (run queue broken).  An unknown method is not
  * an error here: chi_dev_wait returns CHI_ERR_NOT_FOUND.
  * Ownership: the future must be consumed by chi_dev_wait or chi_dev_release
  * on this GPU; otherwise its slot stays in use until chi_finalize.

@@ -114,6 +114,12 @@ CHI_DEVICE int32_t bitmap_alloc_window(uint32_t *bm, uint32_t nwords, uint32_t s
   return -1;
 }
 
+/* Whether a submit may wait (for a slot, or for the gate): chi_dev_submit,
+ * not a try, not the orchestrator's own handlers, a timeout set. */
+CHI_DEVICE bool may_wait(const chi_dev_layout *l, bool wait) {
+  return wait && !(l->flags & CHI_DEV_CTX_ORCHESTRATOR) && l->submit_timeout_us != 0;
+}
+
 /* A slot of a route for a submit.  wait: chi_dev_submit, which waits up to
  * the context's submit_timeout_us for a slot to be freed; never in the
  * orchestrator's own context (CHI_DEV_CTX_ORCHESTRATOR): a handler that
@@ -128,8 +134,7 @@ CHI_DEVICE int32_t bitmap_alloc_window(uint32_t *bm, uint32_t nwords, uint32_t s
  * allowed look at a few words from a new place each round, with short naps,
  * so they neither flood the bitmap nor starve the tasks that free slots. */
 CHI_DEVICE int32_t slot_alloc(const chi_dev_ctx_layout_t *l, uint32_t *bm, uint64_t *line, bool wait) {
-  if (!wait || (l->flags & CHI_DEV_CTX_ORCHESTRATOR) || l->submit_timeout_us == 0)
-    return bitmap_alloc(bm, l->slots);
+  if (!may_wait(l, wait)) return bitmap_alloc(bm, l->slots);
   const uint32_t nwords = l->slots >> 5;
   uint32_t start = (search_start(nwords) + static_cast<uint32_t>(chi_port::timer_ns() >> 7)) & (nwords - 1u);
   const uint32_t bit = (start * 7u + chi_port::lane_id()) & 31u;
@@ -300,7 +305,7 @@ CHI_DEVICE void gate_leave(const chi_dev_layout *l) {
  * step aside may be waiting for this very kernel), or never (try, or the
  * orchestrator's own handlers).  True when it opened. */
 CHI_DEVICE bool gate_wait(const chi_dev_layout *l, bool wait) {
-  if (!wait || (l->flags & CHI_DEV_CTX_ORCHESTRATOR) || l->submit_timeout_us == 0) return false;
+  if (!may_wait(l, wait)) return false;
   uint64_t bound = 2ull * l->lease_us * 1000u;
   const uint64_t timeout = static_cast<uint64_t>(l->submit_timeout_us) * 1000u;
   if (bound == 0 || bound > timeout) bound = timeout;
@@ -314,10 +319,6 @@ CHI_DEVICE bool gate_wait(const chi_dev_layout *l, bool wait) {
 
 CHI_DEVICE uint8_t *d2d_slot(const chi_dev_layout *l, uint32_t slot) {
   return l->d2d_slots + static_cast<uint64_t>(slot) * (CHI_DEV_SLOT_HEADER + 2u * l->payload_stride);
-}
-
-CHI_DEVICE bool may_wait(const chi_dev_layout *l, bool wait) {
-  return wait && !(l->flags & CHI_DEV_CTX_ORCHESTRATOR) && l->submit_timeout_us != 0;
 }
 
 /* GPU->GPU, step 1, called outside the gate: a slot with the task written in

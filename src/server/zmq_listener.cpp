@@ -391,22 +391,20 @@ void ZmqListener::send_completions() {
     untrack(t);
     reply(t->identity, ipc::Kind::kResult, t->id, t->status, t->output.data(), t->output.size());
     svc_.finished(t->status, t->taken_ns);
-    {
-      std::lock_guard<std::mutex> lock(sessions_mu_);
-      auto it = sessions_.find(t->identity);
-      if (it != sessions_.end()) {
-        ++it->second.finished;
-        --it->second.in_flight;
-      }
-    }
+    answered(t->identity);
     in_flight_.fetch_sub(1, std::memory_order_acq_rel);
     recycle(t);
   }
 }
 
-}  // namespace chi
-
-namespace chi {
+void ZmqListener::answered(const std::string &identity) {
+  std::lock_guard<std::mutex> lock(sessions_mu_);
+  auto it = sessions_.find(identity);
+  if (it != sessions_.end()) {
+    ++it->second.finished;
+    --it->second.in_flight;
+  }
+}
 
 void ZmqListener::track(Task *t) {
   if (!queued_.next) queued_.next = queued_.prev = &queued_;
@@ -438,12 +436,7 @@ uint32_t ZmqListener::cancel_tasks(const std::string *identity) {
     } else {
       reply(t->identity, ipc::Kind::kResult, t->id, CHI_ERR_SHUTDOWN, nullptr, 0);
       svc_.finished(CHI_ERR_SHUTDOWN, t->taken_ns);
-      std::lock_guard<std::mutex> lock(sessions_mu_);
-      auto it = sessions_.find(t->identity);
-      if (it != sessions_.end()) {
-        ++it->second.finished;
-        --it->second.in_flight;
-      }
+      answered(t->identity);
     }
     in_flight_.fetch_sub(1, std::memory_order_acq_rel);
     recycle(t);

@@ -88,6 +88,8 @@ class ZmqListener final : public Listener, public RemoteSink {
   // another connection); `only_fd` >= 0 limits the sweep to one descriptor.
   void sweep_sessions(int only_fd);
   void evict(const std::string &identity, const char *why);
+  // A task of this client session was answered: its counters move.
+  void answered(const std::string &identity);
   void track(Task *t);
   void untrack(Task *t);
   // Cancels the CPU tasks no worker started: those of one client that left
