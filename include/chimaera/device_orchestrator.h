@@ -269,11 +269,10 @@ constexpr uint64_t kWorkerSpinNs = 50000;
 constexpr uint64_t kKeeperSampleNs = 4000;
 /* With no successor queued past the lease, the keeper stays while the
  * device routes change, and steps aside (see orchestrator_main) once they
- * were quiet for a lease with no slot in use (a kernel launched just before
- * the device-wide call may not have submitted yet: a shorter quiet spell
- * closed the gate on a kernel's whole life in test_gpu_coexist), or this
- * long with slots in use (futures held, never waited for, must not keep it
- * forever). */
+ * were quiet this long with no slot in use ... */
+constexpr uint64_t kKeeperQuietNs = 20000;
+/* ... or this long with slots in use (futures held, never waited for, must
+ * not keep it forever). */
 constexpr uint64_t kKeeperHoldNs = 20000000;
 
 /* The keeper's view of the device routes (warp-collective): a signature that
@@ -366,7 +365,7 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
    * this very launch before its launch call returns) or late: the keeper
    * stays while the device routes change or hold slots (kernels that use
    * them run, and a device-wide call waits for those anyway), then steps
-   * aside (a quiet lease, or kKeeperHoldNs): it closes the GPU->GPU gate (away bit), waits for the
+   * aside (kKeeperQuietNs, kKeeperHoldNs): it closes the GPU->GPU gate (away bit), waits for the
    * submitters inside it, runs every task queued, and ends.  Submitters
    * that find the gate closed queue nothing (they wait a bounded time for
    * the next launch, or answer CHI_ERR_AGAIN), so no task is ever left in
@@ -452,7 +451,7 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
             keep_since = now;
           }
           const uint64_t quiet = now - keep_since;
-          leave = step_aside = quiet >= (in_use ? kKeeperHoldNs : lease_ns);
+          leave = step_aside = quiet >= (in_use ? kKeeperHoldNs : kKeeperQuietNs);
         }
         if (lane == 0 && l->diag) {
           const uint32_t branch = queued >= epoch + 2u                        ? CHI_DIAG_BRANCH_QUEUED
