@@ -257,30 +257,48 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
         read_reply(rec, gen, want, w);
         have = want;
       }
+      /* PCIe reads may pass each other, so a poll that found the new header
+       * can hold older data words: read those again, all in one round trip,
+       * until every one has landed (the header was written last). */
+      for (;;) {
+        uint32_t stale = 0;
+#pragma unroll
+        for (uint32_t k = 0; k < (CHI_DEV_LL_WORDS - CHI_DEV_LL_HEADER) / 2u; ++k)
+          if (2u * k < nw && (ll_flag(w[2u * k]) != gen || (2u * k + 1u < nw && ll_flag(w[2u * k + 1u]) != gen)))
+            stale |= 1u << k;
+        if (!stale) break;
+#pragma unroll
+        for (uint32_t k = 0; k < (CHI_DEV_LL_WORDS - CHI_DEV_LL_HEADER) / 2u; ++k)
+          if (stale & (1u << k)) chi_port::ll_load16(rec + CHI_DEV_LL_HEADER + 2u * k, &w[2u * k], &w[2u * k + 1u]);
+      }
 #pragma unroll
       for (uint32_t k = 0; k < (CHI_DEV_LL_WORDS - CHI_DEV_LL_HEADER) / 2u; ++k) {
         if (2u * k >= nw) break;
-        uint64_t a = w[2u * k], b = w[2u * k + 1u];
-        bool ok = 2u * k < have && ll_flag(a) == gen && (2u * k + 1u >= nw || ll_flag(b) == gen);
-        /* Words not read yet, or read before they landed: read them (again). */
-        while (!ok) {
-          chi_port::ll_load16(rec + CHI_DEV_LL_HEADER + 2u * k, &a, &b);
-          ok = ll_flag(a) == gen && (2u * k + 1u >= nw || ll_flag(b) == gen);
-        }
-        store_word(out, 8u * k, osize, ll_data(a));
-        if (2u * k + 1u < nw) store_word(out, 8u * k + 4u, osize, ll_data(b));
+        store_word(out, 8u * k, osize, ll_data(w[2u * k]));
+        if (2u * k + 1u < nw) store_word(out, 8u * k + 4u, osize, ll_data(w[2u * k + 1u]));
       }
     } else {
+      /* Out of host memory, kCopyBatch PCIe reads in flight at a time (a
+       * load-store loop would pay a whole round trip per 16 bytes). */
       chi_port::fence_acquire_sys();
       const uint64_t *src = reinterpret_cast<const uint64_t *>(l->d2h_buf + static_cast<uint64_t>(slot) * l->payload_stride);
       uint32_t i = 0;
-      for (; i + 16u <= osize; i += 16u) {
-        uint64_t a, b;
-        chi_port::ll_load16(src + i / 8u, &a, &b);
-        store_word(out, i, osize, static_cast<uint32_t>(a));
-        store_word(out, i + 4u, osize, static_cast<uint32_t>(a >> 32));
-        store_word(out, i + 8u, osize, static_cast<uint32_t>(b));
-        store_word(out, i + 12u, osize, static_cast<uint32_t>(b >> 32));
+      while (i + 16u <= osize) {
+        uint64_t a[kCopyBatch], b[kCopyBatch];
+        const uint32_t k_n = (osize - i) / 16u < kCopyBatch ? (osize - i) / 16u : kCopyBatch;
+#pragma unroll
+        for (uint32_t k = 0; k < kCopyBatch; ++k)
+          if (k < k_n) chi_port::ll_load16(src + i / 8u + 2u * k, &a[k], &b[k]);
+#pragma unroll
+        for (uint32_t k = 0; k < kCopyBatch; ++k) {
+          if (k >= k_n) break;
+          const uint32_t o = i + 16u * k;
+          store_word(out, o, osize, static_cast<uint32_t>(a[k]));
+          store_word(out, o + 4u, osize, static_cast<uint32_t>(a[k] >> 32));
+          store_word(out, o + 8u, osize, static_cast<uint32_t>(b[k]));
+          store_word(out, o + 12u, osize, static_cast<uint32_t>(b[k] >> 32));
+        }
+        i += 16u * k_n;
       }
       for (; i < osize; i += 8u) {
         uint64_t a = chi_port::ll_load8(src + i / 8u);

@@ -34,6 +34,12 @@ if(CHI_HAVE_CUDA)
     target_link_libraries(${t} PRIVATE CUDA::cudart)
   endforeach()
   set_target_properties(test_gpu_orchestrator PROPERTIES CUDA_RUNTIME_LIBRARY Static)
+  # Where a round trip's time goes, stage by stage (a measurement, not a
+  # test: scripts/gpu-run.sh's breakdown step, docs/performance.md).
+  add_executable(gpu_breakdown gpu/gpu_breakdown.cu)
+  target_link_libraries(gpu_breakdown PRIVATE chimaera::chimaera PkgConfig::CMOCKA Threads::Threads)
+  set_target_properties(gpu_breakdown PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON
+                                                 CUDA_RUNTIME_LIBRARY Static)
 elseif(CHI_HAVE_HIP)
   # HIP build: the same programs through hipcc (gpu/CMakeLists.txt); without
   # an AMD GPU each exits 77.

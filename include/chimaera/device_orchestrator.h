@@ -26,26 +26,47 @@
 
 namespace chi_dev_detail {
 
+/* Warp copies: each lane moves 16-byte pieces 32 apart, kWarpCopyBatch of
+ * them per round (loads first, then stores: see thread_copy). */
+constexpr uint32_t kWarpCopyBatch = 4u;
 CHI_DEVICE void warp_copy(uint8_t *dst, const uint8_t *src, uint32_t n, uint32_t lane) {
   if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15u) == 0) {
-    uint32_t n16 = n & ~15u;
-    for (uint32_t i = lane * 16u; i < n16; i += 16u * CHI_WARP_SIZE)
-      *reinterpret_cast<uint4 *>(dst + i) = *reinterpret_cast<const uint4 *>(src + i);
+    const uint32_t n16 = n & ~15u;
+    constexpr uint32_t kStep = 16u * CHI_WARP_SIZE;
+    for (uint32_t i0 = lane * 16u; i0 < n16; i0 += kStep * kWarpCopyBatch) {
+      uint4 v[kWarpCopyBatch];
+#pragma unroll
+      for (uint32_t k = 0; k < kWarpCopyBatch; ++k)
+        if (i0 + k * kStep < n16) v[k] = *reinterpret_cast<const uint4 *>(src + i0 + k * kStep);
+#pragma unroll
+      for (uint32_t k = 0; k < kWarpCopyBatch; ++k)
+        if (i0 + k * kStep < n16) *reinterpret_cast<uint4 *>(dst + i0 + k * kStep) = v[k];
+    }
     for (uint32_t i = n16 + lane; i < n; i += CHI_WARP_SIZE) dst[i] = src[i];
   } else {
     for (uint32_t i = lane; i < n; i += CHI_WARP_SIZE) dst[i] = src[i];
   }
 }
-/* Copy out of pinned host memory: volatile 16-byte loads, many in flight. */
+/* Copy out of pinned host memory: volatile 16-byte loads, kWarpCopyBatch
+ * per lane in flight (one PCIe round trip per 2 KiB). */
 CHI_DEVICE void warp_copy_from_host(uint8_t *dst, const uint8_t *src, uint32_t n, uint32_t lane) {
   const uint64_t *s = reinterpret_cast<const uint64_t *>(src);
   uint64_t *d = reinterpret_cast<uint64_t *>(dst);
-  uint32_t nw = (n + 7u) / 8u;
-  for (uint32_t i = 2u * lane; i < nw; i += 2u * CHI_WARP_SIZE) {
-    uint64_t a, b;
-    chi_port::ll_load16(s + i, &a, &b);
-    d[i] = a;
-    if (i + 1u < nw) d[i + 1u] = b;
+  const uint32_t nw = (n + 7u) / 8u;
+  constexpr uint32_t kStep = 2u * CHI_WARP_SIZE;
+  for (uint32_t i0 = 2u * lane; i0 < nw; i0 += kStep * kWarpCopyBatch) {
+    uint64_t a[kWarpCopyBatch], b[kWarpCopyBatch];
+#pragma unroll
+    for (uint32_t k = 0; k < kWarpCopyBatch; ++k)
+      if (i0 + k * kStep < nw) chi_port::ll_load16(s + i0 + k * kStep, &a[k], &b[k]);
+#pragma unroll
+    for (uint32_t k = 0; k < kWarpCopyBatch; ++k) {
+      const uint32_t i = i0 + k * kStep;
+      if (i < nw) {
+        d[i] = a[k];
+        if (i + 1u < nw) d[i + 1u] = b[k];
+      }
+    }
   }
 }
 

@@ -178,17 +178,42 @@ CHI_DEVICE void bitmap_free(uint32_t *bm, uint32_t slot) {
   chi_port::fetch_and_release_dev(bm + (slot >> 5), ~(1u << (slot & 31u)));
 }
 
-/* Byte copy by one thread, 16 bytes at a time when both sides allow it. */
+/* Byte copy by one thread.  Aligned pieces go kCopyBatch at a time: all the
+ * loads first, then all the stores.  A plain load-store loop waits for each
+ * load before issuing the next (the compiler must assume dst may alias src),
+ * so it pays one memory round trip per 16 bytes: on an H100, 4 KiB cost
+ * about 50 us between device buffers and about 390 us out of host memory
+ * (one PCIe read each, docs/performance.md, "Where the time goes"). */
+constexpr uint32_t kCopyBatch = 8u;
 CHI_DEVICE void thread_copy(void *dst, const void *src, uint32_t n) {
   uint8_t *d = static_cast<uint8_t *>(dst);
   const uint8_t *s = static_cast<const uint8_t *>(src);
   uint32_t i = 0;
-  if (((reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(s)) & 15u) == 0) {
-    for (; i + 16u <= n; i += 16u)
-      *reinterpret_cast<uint4 *>(d + i) = *reinterpret_cast<const uint4 *>(s + i);
-  } else if (((reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(s)) & 3u) == 0) {
-    for (; i + 4u <= n; i += 4u)
-      *reinterpret_cast<uint32_t *>(d + i) = *reinterpret_cast<const uint32_t *>(s + i);
+  const uintptr_t both = reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(s);
+  if ((both & 15u) == 0) {
+    while (i + 16u <= n) {
+      uint4 v[kCopyBatch];
+      const uint32_t k_n = (n - i) / 16u < kCopyBatch ? (n - i) / 16u : kCopyBatch;
+#pragma unroll
+      for (uint32_t k = 0; k < kCopyBatch; ++k)
+        if (k < k_n) v[k] = reinterpret_cast<const uint4 *>(s + i)[k];
+#pragma unroll
+      for (uint32_t k = 0; k < kCopyBatch; ++k)
+        if (k < k_n) reinterpret_cast<uint4 *>(d + i)[k] = v[k];
+      i += 16u * k_n;
+    }
+  } else if ((both & 3u) == 0) {
+    while (i + 4u <= n) {
+      uint32_t v[kCopyBatch];
+      const uint32_t k_n = (n - i) / 4u < kCopyBatch ? (n - i) / 4u : kCopyBatch;
+#pragma unroll
+      for (uint32_t k = 0; k < kCopyBatch; ++k)
+        if (k < k_n) v[k] = reinterpret_cast<const uint32_t *>(s + i)[k];
+#pragma unroll
+      for (uint32_t k = 0; k < kCopyBatch; ++k)
+        if (k < k_n) reinterpret_cast<uint32_t *>(d + i)[k] = v[k];
+      i += 4u * k_n;
+    }
   }
   for (; i < n; ++i) d[i] = s[i];
 }
@@ -385,11 +410,16 @@ CHI_DEVICE void cpu_publish(const chi_dev_layout *l, uint64_t t, chi_method_t me
   uint64_t *e = l->d2h_ring + (t & (l->d2h_ring_entries - 1u)) * CHI_DEV_LL_WORDS;
   const uint32_t flag = static_cast<uint32_t>(t) + 1u;
   if (input_size <= CHI_DEV_LL_INLINE) {
+    /* Every input word first, then the stores: the volatile stores would
+     * otherwise make each load wait for the store before it. */
     const uint8_t *in = static_cast<const uint8_t *>(input);
-    uint32_t nw = static_cast<uint32_t>(round_words(input_size));
-    for (uint32_t j = 0; j < nw; j += 2u)
-      chi_port::ll_store16(e + CHI_DEV_LL_HEADER + j, ll_pack(load_word(in, 4u * j, input_size), flag),
-                           ll_pack(load_word(in, 4u * j + 4u, input_size), flag));
+    const uint32_t nw = static_cast<uint32_t>(round_words(input_size));
+    uint32_t v[CHI_DEV_LL_INLINE / 4u + 1u];
+#pragma unroll
+    for (uint32_t j = 0; j < CHI_DEV_LL_INLINE / 4u + 1u; ++j) v[j] = j < nw ? load_word(in, 4u * j, input_size) : 0u;
+#pragma unroll
+    for (uint32_t j = 0; j < CHI_DEV_LL_INLINE / 4u; j += 2u)
+      if (j < nw) chi_port::ll_store16(e + CHI_DEV_LL_HEADER + j, ll_pack(v[j], flag), ll_pack(v[j + 1u], flag));
   }
   chi_port::ll_store16(e + 2, ll_pack(slot, flag), ll_pack(gen, flag));
   chi_port::ll_store16(e, ll_pack(method, flag), ll_pack(input_size, flag));

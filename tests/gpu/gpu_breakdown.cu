@@ -1,0 +1,423 @@
+/*
+ * gpu_breakdown: where the time of one GPU round trip goes, stage by stage,
+ * for GPU->CPU, GPU->GPU and CPU->GPU, at several payload sizes
+ * (docs/performance.md, "Where the time goes").  A measurement, not a test:
+ * it asserts no time and fails only if a task fails.  Exit 77 without a GPU.
+ *
+ *   gpu_breakdown [round_trips [payload ...]]     (default 20000 8 64 1024 4096)
+ *
+ * Each route runs one task at a time from one thread.  The submitter stamps
+ * %globaltimer (device code) or CLOCK_REALTIME (host code) between the
+ * steps of the real submit path (the chi_dev_detail functions that
+ * chi_dev_submit calls, in the same order), and the handler ("bd.stamp",
+ * one method with a CPU handler and a device handler, both echo) stamps its
+ * start and end.  Host and device stamps meet through an offset measured
+ * first: a host<->kernel ping-pong over mapped memory, the offset of the
+ * round trip with the least time (its half-width is printed: the error of
+ * every stage that crosses the bus).  The probes at the end time a 4 KiB
+ * copy by one thread, load-store loop against loads in batches, out of host
+ * and device memory: the cost that made large payloads slow.
+ */
+#include "gpu_common.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <vector>
+
+#define BD_CHECK(x)                                                                   \
+  do {                                                                                \
+    cudaError_t e_ = (x);                                                             \
+    if (e_ != cudaSuccess) {                                                          \
+      fprintf(stderr, "gpu_breakdown: %s: %s\n", #x, cudaGetErrorString(e_));         \
+      exit(1);                                                                        \
+    }                                                                                 \
+  } while (0)
+
+static constexpr uint32_t kMaxPayload = 4096;
+static constexpr uint32_t kMaxSamples = 1u << 20;
+
+/* Handler stamps, by sample id (the input's first 4 bytes): device handler
+ * in device memory, CPU handler in host memory. */
+__device__ uint64_t *g_dev_stamps; /* [2 * kMaxSamples]: start, end */
+static uint64_t *g_host_stamps;
+
+static inline uint64_t host_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+/* bd.stamp, device: echo, all lanes copying; lane 0 stamps. */
+__device__ chi_status_t bd_stamp_dev(chi_dev_request_t *r) {
+  const uint32_t lane = chi_port::lane_id();
+  const uint64_t t0 = chi_port::timer_ns();
+  if (r->input_size > r->output_capacity || r->input_size < 4) return CHI_ERR_INVALID;
+  chi_dev_detail::warp_copy(static_cast<uint8_t *>(r->output), static_cast<const uint8_t *>(r->input),
+                            r->input_size, lane);
+  r->output_size = r->input_size;
+  const uint32_t id = *static_cast<const uint32_t *>(r->input) % kMaxSamples;
+  const uint64_t t1 = chi_port::timer_ns();
+  if (lane == 0) {
+    g_dev_stamps[2u * id] = t0;
+    g_dev_stamps[2u * id + 1u] = t1;
+  }
+  return CHI_OK;
+}
+__device__ chi_status_t bd_dispatch(uint32_t index, chi_dev_request_t *r) {
+  return index == 0 ? bd_stamp_dev(r) : CHI_ERR_NOT_FOUND;
+}
+static const char *const kNames[] = {"bd.stamp"};
+CHI_DEFINE_ORCHESTRATOR(bd_orchestrator, bd_dispatch, kNames, 1)
+
+/* bd.stamp, CPU: echo, stamped. */
+static chi_status_t bd_stamp_cpu(chi_request_t *req, void *ud) {
+  (void)ud;
+  const uint64_t t0 = host_ns();
+  if (req->input_size > req->output_capacity || req->input_size < 4) return CHI_ERR_INVALID;
+  memcpy(req->output, req->input, req->input_size);
+  req->output_size = req->input_size;
+  uint32_t id;
+  memcpy(&id, req->input, 4);
+  id %= kMaxSamples;
+  g_host_stamps[2u * id] = t0;
+  g_host_stamps[2u * id + 1u] = host_ns();
+  return CHI_OK;
+}
+
+/* ------------------------------------------------------------ clock offset */
+
+/* Answers `rounds` pings: waits for seq, stamps, writes stamp then ack. */
+__global__ void k_clock_pong(volatile uint64_t *box, uint32_t rounds) {
+  for (uint32_t i = 1; i <= rounds; ++i) {
+    const uint64_t t_begin = chi_port::timer_ns();
+    while (box[0] != i)
+      if (chi_port::timer_ns() - t_begin > 2000000000ull) return; /* host gone: stop */
+    box[2] = chi_port::timer_ns();
+    __threadfence_system();
+    box[1] = i;
+    __threadfence_system();
+  }
+}
+
+struct Offset {
+  int64_t gpu_minus_host; /* add to a host stamp to get device time */
+  uint64_t half_rtt;      /* +- error */
+};
+
+static Offset clock_offset(uint32_t rounds) {
+  volatile uint64_t *box;
+  BD_CHECK(cudaHostAlloc((void **)&box, 64, cudaHostAllocMapped));
+  box[0] = box[1] = box[2] = 0;
+  uint64_t *dbox;
+  BD_CHECK(cudaHostGetDevicePointer((void **)&dbox, (void *)box, 0));
+  cudaStream_t s;
+  BD_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  k_clock_pong<<<1, 1, 0, s>>>(dbox, rounds);
+  BD_CHECK(cudaGetLastError());
+  Offset best{0, ~0ull};
+  for (uint32_t i = 1; i <= rounds; ++i) {
+    const uint64_t t0 = host_ns();
+    __atomic_store_n(const_cast<uint64_t *>(&box[0]), uint64_t(i), __ATOMIC_RELEASE);
+    const uint64_t begin = t0;
+    while (__atomic_load_n(const_cast<uint64_t *>(&box[1]), __ATOMIC_ACQUIRE) != i)
+      if (host_ns() - begin > 1000000000ull) {
+        fprintf(stderr, "gpu_breakdown: clock ping-pong got no answer\n");
+        exit(1);
+      }
+    const uint64_t t1 = host_ns();
+    const uint64_t g = box[2];
+    if (t1 - t0 < 2 * best.half_rtt || best.half_rtt == ~0ull) {
+      best.half_rtt = (t1 - t0) / 2;
+      best.gpu_minus_host = int64_t(g) - int64_t(t0 + (t1 - t0) / 2);
+    }
+  }
+  BD_CHECK(cudaStreamSynchronize(s));
+  BD_CHECK(cudaStreamDestroy(s));
+  BD_CHECK(cudaFreeHost((void *)box));
+  return best;
+}
+
+/* ------------------------------------------------------------ device routes */
+
+/* Stamps per round trip (device clock, ns), kStages + 1 of them. */
+enum { kT0, kPrepared, kPublished, kSeen, kTaken, kStamps };
+
+/* One thread: n round trips of bd.stamp over `route` (CPU or LOCAL), through
+ * the real submit path with stamps between its steps; then chi_dev_wait. */
+__global__ void k_device_route(chi_dev_context_t ctx, chi_route_t route, chi_method_t method,
+                               uint32_t payload, uint32_t n, uint8_t *buf, uint64_t *st,
+                               int32_t *bad) {
+  using namespace chi_dev_detail;
+  uint8_t *in = buf, *out = buf + kMaxPayload;
+  for (uint32_t i = 0; i < payload; ++i) in[i] = static_cast<uint8_t>(i * 7u);
+  const chi_dev_layout *l = layout(&ctx);
+  for (uint32_t i = 0; i < n; ++i) {
+    *reinterpret_cast<uint32_t *>(in) = i;
+    uint64_t *t = st + static_cast<uint64_t>(i) * kStamps;
+    uint32_t kind = 0, slot = 0, gen = 0;
+    uint64_t ticket = 0;
+    t[kT0] = chi_port::timer_ns();
+    chi_status_t s = check_submit(&ctx, route, method, in, payload, &kind);
+    if (s != CHI_OK) {
+      atomicAdd(bad, 1);
+      return;
+    }
+    if (kind == kKindLocal) {
+      s = local_prepare(l, method, in, payload, &slot, &gen, true, &ticket);
+      t[kPrepared] = chi_port::timer_ns();
+      if (s == CHI_OK) {
+        const bool pushed = queue_push_at(l, ticket, slot);
+        gate_leave(l);
+        if (!pushed) s = CHI_ERR_INTERNAL;
+      }
+      t[kPublished] = chi_port::timer_ns();
+      if (s == CHI_OK) /* the waiter's own poll, until the task is DONE */
+        while ((chi_port::ld_acquire_dev(l->d2d_state + slot) & 0xFFu) == CHI_DEV_SLOT_SUBMITTED) {
+        }
+    } else {
+      s = cpu_prepare(l, in, payload, &slot, &gen, true, &ticket);
+      t[kPrepared] = chi_port::timer_ns();
+      if (s == CHI_OK) cpu_publish(l, ticket, method, in, payload, slot, gen); /* embedded: the slot alone */
+      t[kPublished] = chi_port::timer_ns();
+      if (s == CHI_OK) /* header-only polls, as chi_dev_wait's later ones */
+        while (!reply_arrived(l, slot, gen)) {
+        }
+    }
+    t[kSeen] = chi_port::timer_ns();
+    uint32_t osz = 0;
+    if (s == CHI_OK) s = chi_dev_wait(&ctx, make_future(kind, gen, slot), GT_WAIT_NS, out, kMaxPayload, &osz);
+    t[kTaken] = chi_port::timer_ns();
+    if (s != CHI_OK || osz != payload) {
+      atomicAdd(bad, 1);
+      return;
+    }
+    for (uint32_t b = 4; b < payload; b += 61)
+      if (out[b] != in[b]) {
+        atomicAdd(bad, 1);
+        return;
+      }
+  }
+}
+
+/* --------------------------------------------------------------- the probes */
+
+/* One thread copies 4 KiB, `reps` times: mode 0 a 16-byte load-store loop
+ * through volatile loads (so nothing reorders them: the old copy), mode 1
+ * chi_dev_detail::thread_copy (loads in batches).  *ns: total. */
+__global__ void k_copy_probe(const uint8_t *src, uint8_t *dst, uint32_t bytes, uint32_t reps, int mode,
+                             uint64_t *ns) {
+  const uint64_t t0 = chi_port::timer_ns();
+  for (uint32_t r = 0; r < reps; ++r) {
+    if (mode == 0) {
+      for (uint32_t i = 0; i < bytes; i += 16u) {
+        uint64_t a, b;
+        chi_port::ll_load16(reinterpret_cast<const uint64_t *>(src + i), &a, &b);
+        reinterpret_cast<uint64_t *>(dst + i)[0] = a;
+        reinterpret_cast<uint64_t *>(dst + i)[1] = b;
+      }
+    } else {
+      chi_dev_detail::thread_copy(dst, src, bytes);
+    }
+    __threadfence();
+  }
+  *ns = chi_port::timer_ns() - t0;
+}
+
+/* ---------------------------------------------------------------- reporting */
+
+static double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+static double mean(const std::vector<double> &v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / v.size();
+}
+static void row(const char *route, uint32_t payload, const char *stage, const std::vector<double> &ns) {
+  printf("%-8s %6u  %-44s %9.3f %9.3f\n", route, payload, stage, median(ns) / 1e3, mean(ns) / 1e3);
+}
+
+int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  uint32_t n = argc > 1 ? uint32_t(strtoul(argv[1], NULL, 10)) : 20000u;
+  if (n == 0 || n > kMaxSamples) n = 20000u;
+  std::vector<uint32_t> payloads;
+  for (int i = 2; i < argc; ++i) {
+    const unsigned long p = strtoul(argv[i], NULL, 10);
+    if (p >= 4 && p <= kMaxPayload) payloads.push_back(uint32_t(p));
+  }
+  if (payloads.empty()) payloads = {8, 64, 1024, 4096};
+  if (!gt_have_cuda()) return 77;
+
+  chi_config_t cfg;
+  chi_config_init(&cfg);
+  chi_runtime_t *rt = NULL;
+  if (chi_init(&cfg, &rt) != CHI_OK) {
+    fprintf(stderr, "chi_init: %s\n", chi_last_error_message());
+    return 1;
+  }
+  int32_t count = 0;
+  chi_gpu_count(rt, &count);
+  if (count == 0) {
+    chi_finalize(rt);
+    return 77;
+  }
+  g_host_stamps = static_cast<uint64_t *>(calloc(2u * kMaxSamples, sizeof(uint64_t)));
+  uint64_t *dev_stamps = NULL;
+  BD_CHECK(cudaMalloc((void **)&dev_stamps, 2u * kMaxSamples * sizeof(uint64_t)));
+  BD_CHECK(cudaMemcpyToSymbol(g_dev_stamps, &dev_stamps, sizeof dev_stamps));
+  chi_gpu_orchestrator_t o = bd_orchestrator();
+  chi_method_t m = 0;
+  chi_dev_context_t ctx;
+  if (chi_gpu_set_orchestrator(rt, -1, &o) != CHI_OK ||
+      chi_register_handler(rt, "bd.stamp", bd_stamp_cpu, NULL, &m) != CHI_OK ||
+      chi_gpu_context(rt, 0, &ctx) != CHI_OK) {
+    fprintf(stderr, "gpu_breakdown: set-up: %s\n", chi_last_error_message());
+    chi_finalize(rt);
+    return 1;
+  }
+  uint8_t *buf;
+  uint64_t *st;
+  int32_t *bad;
+  BD_CHECK(cudaMalloc((void **)&buf, 2 * kMaxPayload));
+  BD_CHECK(cudaMalloc((void **)&st, uint64_t(n) * kStamps * sizeof(uint64_t)));
+  BD_CHECK(cudaHostAlloc((void **)&bad, sizeof(int32_t), cudaHostAllocMapped));
+  *bad = 0;
+  cudaStream_t stream;
+  BD_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::vector<uint64_t> t(uint64_t(n) * kStamps), hs(2u * n);
+  const uint32_t warm = n / 10 + 1;
+  int failed = 0;
+
+  printf("gpu_breakdown: %u round trips per row after %u warm-up; median and mean in us\n", n, warm);
+  Offset off = clock_offset(2000);
+  printf("clock offset: host<->GPU ping-pong, least round trip %.3f us (stages that cross the bus: +- %.3f us)\n\n",
+         2 * off.half_rtt / 1e3, off.half_rtt / 1e3);
+  printf("%-8s %6s  %-44s %9s %9s\n", "route", "bytes", "stage", "median", "mean");
+
+  for (uint32_t payload : payloads) {
+    /* ---- GPU->CPU and GPU->GPU, from a kernel */
+    for (int r = 0; r < 2; ++r) {
+      const chi_route_t route = r == 0 ? CHI_ROUTE_CPU : CHI_ROUTE_LOCAL;
+      const char *name = r == 0 ? "gpu->cpu" : "gpu->gpu";
+      off = clock_offset(500); /* again: the clocks drift apart */
+      k_device_route<<<1, 1, 0, stream>>>(ctx, route, m, payload, warm, buf, st, bad);
+      k_device_route<<<1, 1, 0, stream>>>(ctx, route, m, payload, n, buf, st, bad);
+      BD_CHECK(cudaStreamSynchronize(stream));
+      if (*bad) {
+        fprintf(stderr, "gpu_breakdown: %s at %u bytes: a task failed\n", name, payload);
+        failed = 1;
+        break;
+      }
+      BD_CHECK(cudaMemcpy(t.data(), st, t.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+      if (r == 0) {
+        memcpy(hs.data(), g_host_stamps, hs.size() * sizeof(uint64_t));
+        for (uint32_t i = 0; i < n; ++i) { /* to device time */
+          hs[2 * i] += off.gpu_minus_host;
+          hs[2 * i + 1] += off.gpu_minus_host;
+        }
+      } else {
+        BD_CHECK(cudaMemcpy(hs.data(), dev_stamps, hs.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+      }
+      std::vector<double> prep, pub, to_h, hand, back, take, total;
+      for (uint32_t i = 0; i < n; ++i) {
+        const uint64_t *x = &t[uint64_t(i) * kStamps];
+        prep.push_back(double(x[kPrepared] - x[kT0]));
+        pub.push_back(double(x[kPublished] - x[kPrepared]));
+        to_h.push_back(double(int64_t(hs[2 * i] - x[kPublished])));
+        hand.push_back(double(hs[2 * i + 1] - hs[2 * i]));
+        back.push_back(double(int64_t(x[kSeen] - hs[2 * i + 1])));
+        take.push_back(double(x[kTaken] - x[kSeen]));
+        total.push_back(double(x[kTaken] - x[kT0]));
+      }
+      if (r == 0) {
+        row(name, payload, "1 slot + payload to host buffer (>112 B)", prep);
+        row(name, payload, "2 ring entry write + system fence", pub);
+        row(name, payload, "3 to handler: bus, host poll, payload read", to_h);
+        row(name, payload, "4 CPU handler (echo)", hand);
+        row(name, payload, "5 reply write, bus, device header poll", back);
+        row(name, payload, "6 chi_dev_wait: output read + copy", take);
+      } else {
+        row(name, payload, "1 slot, gate, payload copy into slot", prep);
+        row(name, payload, "2 run-queue push", pub);
+        row(name, payload, "3 to handler: orchestrator pick-up", to_h);
+        row(name, payload, "4 device handler (echo, one warp)", hand);
+        row(name, payload, "5 DONE written, waiter's poll sees it", back);
+        row(name, payload, "6 chi_dev_wait: claim + output copy", take);
+      }
+      row(name, payload, "= round trip", total);
+    }
+    if (failed) break;
+
+    /* ---- CPU->GPU, from this thread */
+    off = clock_offset(500);
+    std::vector<uint8_t> in(payload), out(payload);
+    for (uint32_t i = 0; i < payload; ++i) in[i] = uint8_t(i * 5u);
+    std::vector<double> sub, to_d, hand, back, total;
+    std::vector<uint64_t> h(3u * n);
+    for (uint32_t i = 0; i < warm + n; ++i) {
+      const uint32_t id = i % n;
+      memcpy(in.data(), &id, 4);
+      chi_future_t f;
+      size_t osz = 0;
+      const uint64_t t0 = host_ns();
+      chi_status_t s = chi_submit(rt, CHI_ROUTE_GPU(0), m, in.data(), payload, &f);
+      const uint64_t t1 = host_ns();
+      if (s == CHI_OK) s = chi_wait(rt, f, GT_WAIT_NS, out.data(), payload, &osz);
+      const uint64_t t2 = host_ns();
+      if (s != CHI_OK || osz != payload || memcmp(in.data(), out.data(), payload) != 0) {
+        fprintf(stderr, "gpu_breakdown: cpu->gpu at %u bytes: %s\n", payload, chi_status_string(s));
+        failed = 1;
+        break;
+      }
+      if (i >= warm) {
+        h[3 * id] = t0;
+        h[3 * id + 1] = t1;
+        h[3 * id + 2] = t2;
+      }
+    }
+    if (failed) break;
+    BD_CHECK(cudaMemcpy(hs.data(), dev_stamps, hs.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+    for (uint32_t i = 0; i < n; ++i) {
+      const int64_t g0 = int64_t(hs[2 * i]) - off.gpu_minus_host, g1 = int64_t(hs[2 * i + 1]) - off.gpu_minus_host;
+      sub.push_back(double(h[3 * i + 1] - h[3 * i]));
+      to_d.push_back(double(g0 - int64_t(h[3 * i + 1])));
+      hand.push_back(double(g1 - g0));
+      back.push_back(double(int64_t(h[3 * i + 2]) - g1));
+      total.push_back(double(h[3 * i + 2] - h[3 * i]));
+    }
+    row("cpu->gpu", payload, "1 chi_submit (slot, ring entry, host buffer)", sub);
+    row("cpu->gpu", payload, "2 to handler: bus, orchestrator poll, read", to_d);
+    row("cpu->gpu", payload, "3 device handler (echo, one warp)", hand);
+    row("cpu->gpu", payload, "4 reply write, bus, chi_wait poll + copy", back);
+    row("cpu->gpu", payload, "= round trip", total);
+    printf("\n");
+  }
+
+  /* ---- copy probes: 4 KiB by one thread */
+  if (!failed) {
+    uint8_t *hbuf, *hdev, *dsrc, *ddst;
+    uint64_t *ns;
+    BD_CHECK(cudaHostAlloc((void **)&hbuf, 4096, cudaHostAllocMapped));
+    BD_CHECK(cudaHostGetDevicePointer((void **)&hdev, hbuf, 0));
+    BD_CHECK(cudaMalloc((void **)&dsrc, 4096));
+    BD_CHECK(cudaMalloc((void **)&ddst, 4096));
+    BD_CHECK(cudaHostAlloc((void **)&ns, sizeof(uint64_t), cudaHostAllocMapped));
+    const uint32_t reps = 200;
+    const char *names[2][2] = {{"host->dev, 16-byte load-store loop", "host->dev, thread_copy (batched loads)"},
+                               {"dev->dev, 16-byte load-store loop", "dev->dev, thread_copy (batched loads)"}};
+    printf("%-8s %6s  %-44s %9s\n", "probe", "bytes", "one thread copies", "us each");
+    for (int from = 0; from < 2; ++from)
+      for (int mode = 0; mode < 2; ++mode) {
+        k_copy_probe<<<1, 1, 0, stream>>>(from == 0 ? hdev : dsrc, ddst, 4096, reps, mode, ns);
+        BD_CHECK(cudaStreamSynchronize(stream));
+        printf("%-8s %6u  %-44s %9.3f\n", "copy", 4096u, names[from][mode], double(*ns) / reps / 1e3);
+      }
+  }
+  BD_CHECK(cudaStreamSynchronize(stream));
+  chi_finalize(rt);
+  return failed;
+}
