@@ -4,6 +4,11 @@
  *
  *   soak_check LEDGER LOG...
  *
+ * A log holds one client or several, one after another (soak_gpu's rounds),
+ * each from its "# client N" line; lines R (soak.record, waited), S
+ * (submit refused), B (a built-in method, waited: not in the ledger) and L
+ * (soak.record released unwaited: outcome unknown by design).
+ *
  * Checks:
  *   lost            ids a client saw answered CHI_OK (with the right output)
  *                   whose bit is not in the ledger: must be 0;
@@ -18,10 +23,13 @@
  *                   outcome for an id it never submitted: 0;
  *   answered_twice  ids with two outcomes in one log: 0;
  *   hangs           waits that did not return within the client's bound: 0;
- *   reused_clients  a client number in two logs (a script error): 0.
+ *   reused_clients  a client number in two logs (a script error): 0;
+ *   builtin_recorded  built-in tasks (B) whose id is in the ledger: 0.
  * Reported only: outcomes by status, tasks that ran although their
  * submitter got an error (their outcome was unknown to it, as after a killed
- * server) and runs no live log accounts for (their submitter was killed). */
+ * server), runs no live log accounts for (their submitter was killed), runs
+ * a GPU submitted, and the outcomes per group (the address's scheme and the
+ * route named on the "#" line). */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <inttypes.h>
@@ -38,7 +46,7 @@
 #define SHOW_IDS 20
 
 typedef struct tally {
-  char kind; /* 'R' (chi_wait) or 'S' (chi_submit refused) */
+  char kind; /* 'R' (chi_wait), 'S' (chi_submit refused), 'B' (built-in), 'L' (released) */
   int32_t status;
   uint64_t count;
   uint64_t ran; /* of these, ids whose bit is set */
@@ -64,12 +72,45 @@ static const char *status_name(int32_t s) {
   switch (s) {
     case SOAK_ERR_BAD_INPUT: return "SOAK_ERR_BAD_INPUT";
     case SOAK_ERR_RANGE: return "SOAK_ERR_RANGE";
+    case SOAK_ERR_INNER: return "SOAK_ERR_INNER (GPU handler: its GPU->CPU record did not answer)";
+    case SOAK_ERR_MISMATCH: return "SOAK_ERR_MISMATCH (GPU handler: CPU and GPU checksums differ)";
     case SOAK_BAD_OUTPUT: return "SOAK_BAD_OUTPUT (CHI_OK, wrong output)";
+    case SOAK_HANG: return "SOAK_HANG (a device wait past its bound)";
     default: return chi_status_string(s);
   }
 }
 
-/* The sequences of one log that have an outcome. */
+/* Outcomes per group: "SCHEME ROUTE" of a client's "#" line. */
+#define MAX_GROUPS 32
+typedef struct group {
+  char name[64];
+  uint64_t clients, submitted, record_ok, builtin_ok, released, failed;
+} group_t;
+static group_t g_groups[MAX_GROUPS];
+static int g_ngroups;
+
+static group_t *group_of(const char *line) {
+  char scheme[32] = "?", route[32] = "cpu", name[64];
+  const char *a = strstr(line, " address ");
+  if (a) {
+    a += 9;
+    size_t n = strcspn(a, ": \n");
+    if (n >= sizeof scheme) n = sizeof scheme - 1;
+    memcpy(scheme, a, n);
+    scheme[n] = '\0';
+  }
+  const char *r = strstr(line, " route ");
+  if (r) sscanf(r + 7, "%31s", route);
+  snprintf(name, sizeof name, "%s %s", scheme, route);
+  for (int i = 0; i < g_ngroups; ++i)
+    if (!strcmp(g_groups[i].name, name)) return &g_groups[i];
+  if (g_ngroups == MAX_GROUPS) return &g_groups[MAX_GROUPS - 1];
+  group_t *g = &g_groups[g_ngroups++];
+  snprintf(g->name, sizeof g->name, "%s", name);
+  return g;
+}
+
+/* The sequences of one client that have an outcome. */
 static uint64_t *g_seen;
 static size_t g_seen_words;
 
@@ -132,7 +173,7 @@ int main(int argc, char **argv) {
 
   uint64_t logs = 0, exits = 0, hangs = 0, connects = 0, disconnects = 0, reconnect_bound = 0;
   uint64_t lost = 0, reused = 0, bad_client = 0, acked_ok = 0, accounted = 0;
-  uint64_t shown_lost = 0, unanswered = 0, answered_twice = 0;
+  uint64_t shown_lost = 0, unanswered = 0, answered_twice = 0, builtin_recorded = 0;
   char line[1024];
   for (int a = 2; a < argc; ++a) {
     FILE *f = fopen(argv[a], "r");
@@ -141,10 +182,15 @@ int main(int argc, char **argv) {
       return 2;
     }
     uint64_t client = UINT64_MAX, max_seq_end = 0;
-    if (g_seen) memset(g_seen, 0, g_seen_words * sizeof *g_seen);
+    group_t *grp = NULL;
     while (fgets(line, sizeof line, f)) {
       char kind = line[0];
       if (kind == '#') {
+        /* A new client: its own sequences. */
+        if (g_seen) memset(g_seen, 0, g_seen_words * sizeof *g_seen);
+        max_seq_end = 0;
+        grp = group_of(line);
+        grp->clients++;
         if (sscanf(line, "# client %" SCNu64, &client) != 1) client = UINT64_MAX;
         if (client >= g_hdr->clients && client != UINT64_MAX) {
           bad_client++; /* outside the ledger: its ids count as not recorded */
@@ -152,7 +198,7 @@ int main(int argc, char **argv) {
           reused++;
         }
         logs++;
-      } else if (kind == 'R' || kind == 'S') {
+      } else if (kind == 'R' || kind == 'S' || kind == 'B' || kind == 'L') {
         int status;
         uint32_t first, last;
         if (client == UINT64_MAX || sscanf(line + 1, "%d %" SCNu32 " %" SCNu32, &status, &first,
@@ -162,12 +208,23 @@ int main(int argc, char **argv) {
         }
         tally_t *t = tally_of(kind, status);
         if ((uint64_t)last + 1 > max_seq_end) max_seq_end = (uint64_t)last + 1;
+        const uint64_t n = (uint64_t)last - first + 1;
+        grp->submitted += n;
+        if (kind == 'R' && status == CHI_OK)
+          grp->record_ok += n;
+        else if (kind == 'B' && status == CHI_OK)
+          grp->builtin_ok += n;
+        else if (kind == 'L' && status == CHI_OK)
+          grp->released += n;
+        else
+          grp->failed += n;
         for (uint64_t s = first; s <= last; ++s) {
           if (seen_mark(s)) answered_twice++;
           int rec = id_recorded(client, s);
           t->count++;
           t->ran += rec;
           accounted += rec;
+          if (kind == 'B' && rec) builtin_recorded++;
           if (kind == 'R' && status == CHI_OK) {
             acked_ok++;
             if (!rec) {
@@ -198,12 +255,15 @@ int main(int argc, char **argv) {
   }
 
   uint64_t submitted = 0, accepted = 0, completed = 0, bad_output = 0, refused_ran = 0;
+  uint64_t builtin_ok = 0, released = 0, released_ran = 0;
   for (int i = 0; i < g_ntally; ++i) {
     tally_t *t = &g_tally[i];
     submitted += t->count;
-    if (t->kind == 'R') accepted += t->count;
-    if (t->kind == 'R' && t->status == CHI_OK) completed += t->count;
-    if (t->kind == 'R' && t->status == SOAK_BAD_OUTPUT) bad_output += t->count;
+    if (t->kind != 'S') accepted += t->count;
+    if ((t->kind == 'R' || t->kind == 'B') && t->status == CHI_OK) completed += t->count;
+    if (t->kind == 'B' && t->status == CHI_OK) builtin_ok += t->count;
+    if (t->kind == 'L' && t->status == CHI_OK) released += t->count, released_ran += t->ran;
+    if ((t->kind == 'R' || t->kind == 'B') && t->status == SOAK_BAD_OUTPUT) bad_output += t->count;
     if (t->kind == 'S') refused_ran += t->ran;
   }
   printf("client logs: %" PRIu64 "\n", logs);
@@ -213,17 +273,28 @@ int main(int argc, char **argv) {
   printf("tasks submitted: %" PRIu64 "\n", submitted);
   printf("tasks accepted: %" PRIu64 "\n", accepted);
   printf("tasks completed: %" PRIu64 "\n", completed);
-  printf("tasks failed: %" PRIu64 "\n", submitted - completed);
+  printf("tasks completed, built-in methods (output checked, not in the ledger): %" PRIu64 "\n",
+         builtin_ok);
+  printf("tasks released unwaited: %" PRIu64 " (ran: %" PRIu64 ")\n", released, released_ran);
+  printf("tasks failed: %" PRIu64 "\n", submitted - completed - released);
   for (int i = 0; i < g_ntally; ++i) {
     tally_t *t = &g_tally[i];
-    if (t->kind == 'R' && t->status == CHI_OK) continue;
+    if ((t->kind == 'R' || t->kind == 'B' || t->kind == 'L') && t->status == CHI_OK) continue;
     printf("failed %s %d %s: %" PRIu64 " (ran in the server: %" PRIu64 ")\n",
-           t->kind == 'R' ? "wait" : "submit", (int)t->status, status_name(t->status), t->count,
-           t->ran);
+           t->kind == 'R' ? "wait" : t->kind == 'B' ? "wait (built-in)" : t->kind == 'L' ? "release" : "submit",
+           (int)t->status, status_name(t->status), t->count, t->ran);
+  }
+  for (int i = 0; i < g_ngroups; ++i) {
+    group_t *g = &g_groups[i];
+    printf("group %s: clients %" PRIu64 ", submitted %" PRIu64 ", completed %" PRIu64
+           " (soak.record %" PRIu64 ", built-in %" PRIu64 "), released %" PRIu64 ", failed %" PRIu64 "\n",
+           g->name, g->clients, g->submitted, g->record_ok + g->builtin_ok, g->record_ok, g->builtin_ok,
+           g->released, g->failed);
   }
   printf("ledger runs: %" PRIu64 "\n", g_hdr->records);
   printf("ledger runs no live submitter saw: %" PRIu64 "\n",
          g_hdr->records >= accounted ? g_hdr->records - accounted : 0);
+  printf("ledger runs a GPU submitted: %" PRIu64 "\n", g_hdr->gpu_runs);
   printf("ledger server starts: %" PRIu64 "\n", g_hdr->opens);
   for (uint64_t i = 0; i < g_hdr->duplicates && i < SOAK_DUP_IDS && i < SHOW_IDS; ++i)
     printf("run twice id: client %" PRIu64 " seq %" PRIu64 "\n", g_hdr->dup_ids[i] >> 32,
@@ -240,8 +311,9 @@ int main(int argc, char **argv) {
   printf("reconnect bound hit: %" PRIu64 "\n", reconnect_bound);
   printf("reused client numbers: %" PRIu64 "\n", reused);
   printf("client numbers outside the ledger: %" PRIu64 "\n", bad_client);
+  printf("built-in ids in the ledger: %" PRIu64 "\n", builtin_recorded);
   int fail = lost || g_hdr->duplicates || bad_output || g_hdr->bad_input || g_hdr->out_of_range ||
-             refused_ran || unanswered || answered_twice || hangs || reconnect_bound || reused || bad_client || acked_ok == 0;
+             refused_ran || unanswered || answered_twice || hangs || reconnect_bound || reused || bad_client || builtin_recorded || acked_ok == 0;
   printf("checks: %s\n", fail ? "FAILED" : "passed");
   free(client_seen);
   return fail ? 1 : 0;

@@ -3,7 +3,15 @@
  * deadline; checks every output and logs every outcome.
  *
  *   soak_client --address ADDR --client N --log PATH --deadline-ms EPOCH_MS
- *               [--window W] [--seq-bits B] [--reconnect-s S] [--hang-s S]
+ *               [--window W] [--seq-bits B] [--reconnect-s S] [--hang-s S] [--route gpu]
+ *   soak_client --stats --address ADDR
+ *
+ * --route gpu submits to CHI_ROUTE_GPU_ANY (CPU->GPU through the server):
+ * sequences in blocks of 256, in turn soak.record twice (the module's GPU
+ * handler, which records through a GPU->CPU task: in the ledger), then the
+ * built-ins chi.echo, chi.add and chi.checksum (output checked, never in the
+ * ledger: logged "B").  --stats prints the server's chi_stats as one JSON
+ * line (device_slots_in_use is not in chimaera-ctl's status) and exits.
  *
  * Task ids are N << 32 | sequence, sequences from 0, never reused: a task
  * whose outcome is unknown (CHI_ERR_DISCONNECTED) is not re-sent.  On
@@ -16,6 +24,7 @@
  *   R STATUS FIRST LAST   chi_wait returned STATUS (SOAK_BAD_OUTPUT: CHI_OK
  *                         with a wrong output)
  *   S STATUS FIRST LAST   chi_submit refused the task with STATUS
+ *   B STATUS FIRST LAST   as R, for built-in methods (not in the ledger)
  * and events: "# ..." (start), "E connect|disconnect|finalize|hang|...",
  * "X ..." (a normal exit, with counts).  A run is written when it ends or
  * after 20 ms, so a killed client loses at most 20 ms of outcomes.
@@ -76,7 +85,8 @@ typedef struct run {
   int64_t since_ms;
 } run_t;
 
-static run_t g_wait_run = {'R', 0, 0, 0, 0, 0}, g_submit_run = {'S', 0, 0, 0, 0, 0};
+static run_t g_wait_run = {'R', 0, 0, 0, 0, 0}, g_submit_run = {'S', 0, 0, 0, 0, 0},
+             g_builtin_run = {'B', 0, 0, 0, 0, 0};
 
 static void run_flush(run_t *r) {
   if (!r->active) return;
@@ -101,13 +111,48 @@ static void runs_tick(void) {
   int64_t t = now_ms();
   if (g_wait_run.active && t - g_wait_run.since_ms >= RUN_FLUSH_MS) run_flush(&g_wait_run);
   if (g_submit_run.active && t - g_submit_run.since_ms >= RUN_FLUSH_MS) run_flush(&g_submit_run);
+  if (g_builtin_run.active && t - g_builtin_run.since_ms >= RUN_FLUSH_MS) run_flush(&g_builtin_run);
+}
+
+static void runs_flush_all(void) {
+  run_flush(&g_wait_run);
+  run_flush(&g_submit_run);
+  run_flush(&g_builtin_run);
 }
 
 /* Counts for the exit line. */
-static uint64_t g_submitted, g_ok, g_wait_failed, g_submit_refused, g_bad_output, g_connects;
+static uint64_t g_submitted, g_ok, g_builtin_ok, g_wait_failed, g_submit_refused, g_bad_output, g_connects;
+static int g_gpu; /* --route gpu */
+
+/* What task `seq` is: soak.record (0) or a built-in method. */
+static chi_method_t task_builtin(uint32_t seq) {
+  static const chi_method_t kinds[5] = {0, 0, CHI_METHOD_ECHO, CHI_METHOD_ADD, CHI_METHOD_CHECKSUM};
+  return g_gpu ? kinds[(seq >> 8) % 5] : 0;
+}
+
+/* Input of a task: the soak input, or for chi.add { id, mix(id) }. */
+static size_t task_input(chi_method_t builtin, uint64_t id, uint8_t *buf) {
+  if (builtin == CHI_METHOD_ADD) {
+    uint64_t v[2] = {id, soak_mix(id)};
+    memcpy(buf, v, sizeof v);
+    return sizeof v;
+  }
+  return soak_make_input(id, buf);
+}
+
+/* Whether a built-in's output is right for task `id`. */
+static int builtin_right(chi_method_t builtin, uint64_t id, const uint8_t *out, size_t size) {
+  uint8_t in[8 + SOAK_MAX_PAD];
+  size_t n = task_input(builtin, id, in);
+  uint64_t want;
+  if (builtin == CHI_METHOD_ECHO) return size == n && memcmp(out, in, n) == 0;
+  want = builtin == CHI_METHOD_ADD ? id + soak_mix(id) : soak_fnv1a(in, n);
+  return size == sizeof want && memcmp(out, &want, sizeof want) == 0;
+}
 
 static chi_runtime_t *g_rt;
 static chi_method_t g_method;
+static chi_route_t g_route = CHI_ROUTE_CPU;
 
 /* Connects (or re-connects) within bound_ms, not past the deadline.
  * Returns 1 when connected, 0 at the deadline, -1 past the bound. */
@@ -164,7 +209,7 @@ static int64_t g_hang_ms;
 /* Takes the outcome of the oldest task in flight.  Returns its status. */
 static chi_status_t wait_oldest(void) {
   pending_t *p = &g_ring[g_head];
-  uint64_t out[2] = {0, 0};
+  uint64_t out[(8 + SOAK_MAX_PAD) / 8] = {0, 0};
   size_t size = 0;
   int64_t start = now_ms();
   chi_status_t s;
@@ -172,22 +217,26 @@ static chi_status_t wait_oldest(void) {
     s = chi_wait(g_rt, p->future, 1000 * 1000 * 1000, out, sizeof out, &size);
     if (s != CHI_ERR_TIMEOUT) break;
     if (now_ms() - start >= g_hang_ms) {
-      run_flush(&g_wait_run);
-      run_flush(&g_submit_run);
+      runs_flush_all();
       log_line("E hang %" PRId64 " seq %" PRIu32 " waited_ms %" PRId64 "\n", now_ms(), p->seq,
                now_ms() - start);
       _exit(4);
     }
   }
   int32_t outcome = s;
-  if (s == CHI_ERR_TOO_LARGE) { /* output over 16 bytes: take it, count it wrong */
+  const chi_method_t builtin = task_builtin(p->seq);
+  const uint64_t id = g_client << 32 | p->seq;
+  if (s == CHI_ERR_TOO_LARGE) { /* output over the buffer: take it, count it wrong */
     chi_wait(g_rt, p->future, -1, NULL, 0, NULL);
     outcome = SOAK_BAD_OUTPUT;
+  } else if (s == CHI_OK && builtin) {
+    if (!builtin_right(builtin, id, (const uint8_t *)out, size)) outcome = SOAK_BAD_OUTPUT;
   } else if (s == CHI_OK) {
-    uint64_t id = g_client << 32 | p->seq;
-    if (size != sizeof out || out[0] != id || out[1] != p->checksum) outcome = SOAK_BAD_OUTPUT;
+    if (size != 2 * sizeof(uint64_t) || out[0] != id || out[1] != p->checksum) outcome = SOAK_BAD_OUTPUT;
   }
-  if (outcome == CHI_OK)
+  if (outcome == CHI_OK && builtin)
+    g_builtin_ok++;
+  else if (outcome == CHI_OK)
     g_ok++;
   else if (outcome == SOAK_BAD_OUTPUT)
     g_bad_output++;
@@ -196,7 +245,7 @@ static chi_status_t wait_oldest(void) {
   if (outcome == SOAK_BAD_OUTPUT)
     log_line("E bad-output %" PRId64 " seq %" PRIu32 " status %d size %zu id %" PRIx64 "\n",
              now_ms(), p->seq, (int)s, size, out[0]);
-  run_add(&g_wait_run, outcome, p->seq);
+  run_add(builtin ? &g_builtin_run : &g_wait_run, outcome, p->seq);
   g_head = (g_head + 1) % MAX_WINDOW;
   g_count--;
   return s;
@@ -205,17 +254,56 @@ static chi_status_t wait_oldest(void) {
 static void usage(void) {
   fprintf(stderr,
           "usage: soak_client --address ADDR --client N --log PATH --deadline-ms EPOCH_MS\n"
-          "                   [--window W] [--seq-bits B] [--reconnect-s S] [--hang-s S]\n");
+          "                   [--window W] [--seq-bits B] [--reconnect-s S] [--hang-s S] [--route gpu]\n"
+          "       soak_client --stats --address ADDR\n");
   exit(2);
+}
+
+/* --stats: the server's chi_stats as one JSON line. */
+static int print_stats(void) {
+  chi_config_t cfg;
+  chi_config_init(&cfg);
+  cfg.mode = CHI_MODE_CLIENT;
+  cfg.server_address = g_address;
+  chi_runtime_t *rt = NULL;
+  chi_stats_t st;
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  chi_status_t s = chi_init(&cfg, &rt);
+  if (s == CHI_OK) s = chi_stats(rt, &st);
+  if (s != CHI_OK) {
+    fprintf(stderr, "soak_client --stats %s: %s (%s)\n", g_address, chi_status_string(s),
+            chi_last_error_message());
+    chi_finalize(rt);
+    return 1;
+  }
+  printf("{\"slots_in_use\":%" PRIu64 ",\"device_slots_in_use\":%" PRIu64
+         ",\"device_slots_total\":%" PRIu64 ",\"gpus\":%d,\"tasks_cancelled\":%" PRIu64,
+         st.slots_in_use, st.device_slots_in_use, st.device_slots_total, (int)st.gpus,
+         st.tasks_cancelled);
+  static const char *const names[3] = {"cpu", "gpu", "client"};
+  for (int r = 0; r < 3; ++r)
+    printf(",\"%s\":{\"submitted\":%" PRIu64 ",\"completed\":%" PRIu64 ",\"failed\":%" PRIu64
+           ",\"in_flight\":%" PRIu64 "}",
+           names[r], st.routes[r].submitted, st.routes[r].completed, st.routes[r].failed,
+           st.routes[r].in_flight);
+  printf("}\n");
+  chi_finalize(rt);
+  return 0;
 }
 
 int main(int argc, char **argv) {
   const char *log_path = NULL;
+  int stats = 0;
   int64_t deadline_ms = 0, reconnect_ms = 30000;
   unsigned window = 8, seq_bits = SOAK_DEFAULT_SEQ_BITS;
   g_hang_ms = 20000;
   for (int i = 1; i < argc; ++i) {
     const char *a = argv[i];
+    if (!strcmp(a, "--stats")) {
+      stats = 1;
+      continue;
+    }
     if (i + 1 >= argc) usage();
     const char *v = argv[++i];
     if (!strcmp(a, "--address"))
@@ -234,8 +322,16 @@ int main(int argc, char **argv) {
       reconnect_ms = strtoll(v, NULL, 10) * 1000;
     else if (!strcmp(a, "--hang-s"))
       g_hang_ms = strtoll(v, NULL, 10) * 1000;
+    else if (!strcmp(a, "--route") && !strcmp(v, "gpu"))
+      g_gpu = 1, g_route = CHI_ROUTE_GPU_ANY;
+    else if (!strcmp(a, "--route") && !strcmp(v, "cpu"))
+      g_gpu = 0, g_route = CHI_ROUTE_CPU;
     else
       usage();
+  }
+  if (stats) {
+    if (!g_address) usage();
+    return print_stats();
   }
   if (!g_address || !log_path || deadline_ms <= 0 || window < 1 || window > MAX_WINDOW ||
       seq_bits < 6 || seq_bits > 32 || g_client > 0xffffffffull)
@@ -247,9 +343,10 @@ int main(int argc, char **argv) {
     return 5;
   }
   const uint64_t seq_limit = 1ull << seq_bits;
-  log_line("# client %" PRIu64 " address %s pid %d window %u start %" PRId64 " deadline %" PRId64
-           "\n",
-           g_client, g_address, (int)getpid(), window, now_ms(), deadline_ms);
+  log_line("# client %" PRIu64 " address %s route %s pid %d window %u start %" PRId64
+           " deadline %" PRId64 "\n",
+           g_client, g_address, g_gpu ? "cpu->gpu" : "cpu", (int)getpid(), window, now_ms(),
+           deadline_ms);
 
   uint8_t input[8 + SOAK_MAX_PAD];
   uint64_t next_seq = 0;
@@ -263,10 +360,11 @@ int main(int argc, char **argv) {
       while (!lost && g_count < window && next_seq < seq_limit) {
         uint32_t seq = (uint32_t)next_seq++;
         uint64_t id = g_client << 32 | seq;
-        size_t n = soak_make_input(id, input);
+        const chi_method_t builtin = task_builtin(seq);
+        size_t n = task_input(builtin, id, input);
         chi_future_t f = 0;
         g_submitted++;
-        chi_status_t s = chi_submit(g_rt, CHI_ROUTE_CPU, g_method, input, n, &f);
+        chi_status_t s = chi_submit(g_rt, g_route, builtin ? builtin : g_method, input, n, &f);
         if (s == CHI_OK) {
           pending_t *p = &g_ring[(g_head + g_count) % MAX_WINDOW];
           p->future = f;
@@ -293,8 +391,7 @@ int main(int argc, char **argv) {
     /* The tasks still in flight answer (or say DISCONNECTED) within the
      * hang bound either way. */
     while (g_count > 0) wait_oldest();
-    run_flush(&g_wait_run);
-    run_flush(&g_submit_run);
+    runs_flush_all();
     if (!lost) {
       if (next_seq >= seq_limit) log_line("E seq-limit %" PRId64 "\n", now_ms());
       disconnect_server("deadline");
@@ -305,12 +402,12 @@ int main(int argc, char **argv) {
     c = connect_server(deadline_ms, reconnect_ms);
     if (c < 0) rc = 3, why = "no-connection";
   }
-  run_flush(&g_wait_run);
-  run_flush(&g_submit_run);
-  log_line("X %" PRId64 " %s submitted %" PRIu64 " ok %" PRIu64 " wait_failed %" PRIu64
-           " submit_refused %" PRIu64 " bad_output %" PRIu64 " connects %" PRIu64 "\n",
-           now_ms(), why, g_submitted, g_ok, g_wait_failed, g_submit_refused, g_bad_output,
-           g_connects);
+  runs_flush_all();
+  log_line("X %" PRId64 " %s submitted %" PRIu64 " ok %" PRIu64 " builtin_ok %" PRIu64
+           " wait_failed %" PRIu64 " submit_refused %" PRIu64 " bad_output %" PRIu64
+           " connects %" PRIu64 "\n",
+           now_ms(), why, g_submitted, g_ok, g_builtin_ok, g_wait_failed, g_submit_refused,
+           g_bad_output, g_connects);
   close(g_log);
   return rc;
 }

@@ -6,6 +6,13 @@
  *              server) and counts a second run of an id as a duplicate;
  *              output: { id, FNV-1a of the input }.
  *
+ * In CUDA builds (soak_module_gpu.cu) "soak.record" also has a GPU handler,
+ * installed as a user orchestrator when the runtime drives a GPU: it checks
+ * the input and checksums it on the GPU, then records the id through a
+ * GPU->CPU task to the CPU handler below (so GPU runs land in the same
+ * ledger, and a second run is counted the same way); the CPU handler counts
+ * the runs a GPU submitted (gpu_runs).
+ *
  * The ledger is created on first use with $CHI_SOAK_SEQ_BITS (default 28)
  * bits of sequence per client and $CHI_SOAK_CLIENTS (default 8192) client
  * numbers; a restarted server maps the same file and keeps counting. */
@@ -23,6 +30,10 @@
 #include "soak_common.h"
 
 #define SOAK_EXPORT __attribute__((visibility("default")))
+
+#ifdef SOAK_MODULE_GPU
+chi_status_t soak_module_install_gpu(chi_runtime_t *rt); /* soak_module_gpu.cu */
+#endif
 
 static soak_ledger_header_t *g_hdr;
 static uint64_t *g_per_client;
@@ -119,6 +130,7 @@ static chi_status_t record_handler(chi_request_t *req, void *user_data) {
   } else {
     __atomic_fetch_add(&g_hdr->records, 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&g_per_client[client], 1, __ATOMIC_RELAXED);
+    if (req->source >= 0) __atomic_fetch_add(&g_hdr->gpu_runs, 1, __ATOMIC_RELAXED);
   }
   uint64_t out[2] = {id, soak_fnv1a(req->input, req->input_size)};
   memcpy(req->output, out, sizeof out);
@@ -134,5 +146,10 @@ SOAK_EXPORT chi_status_t chimaera_module_init(chi_runtime_t *rt, uint32_t chi_ve
     chi_status_t s = open_ledger();
     if (s != CHI_OK) return s;
   }
-  return chi_register_handler(rt, SOAK_METHOD, record_handler, NULL, NULL);
+  chi_status_t s = chi_register_handler(rt, SOAK_METHOD, record_handler, NULL, NULL);
+#ifdef SOAK_MODULE_GPU
+  int32_t gpus = 0;
+  if (s == CHI_OK && chi_gpu_count(rt, &gpus) == CHI_OK && gpus > 0) s = soak_module_install_gpu(rt);
+#endif
+  return s;
 }
