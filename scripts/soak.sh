@@ -348,11 +348,14 @@ emb_wait() {
 }
 if [ "$GPU" = on ]; then
   start_embedded
-  for (( i = 0; i < 600; i++ )); do emb_ready || ! alive "$EPID" || break; sleep 0.1; done
+  for (( i = 0; i < 600; i++ )); do
+    if emb_ready || ! alive "$EPID"; then break; fi
+    sleep 0.1
+  done
   if ! emb_ready; then
     emb_wait 5
     say "FAIL: soak_gpu did not start (status $EMB_RC; logs/e1.out, logs/e1.err):"
-    tail -5 "$RUN/logs/e1.err" "$RUN/logs/e1.out" | tee -a "$SUMMARY"
+    tail -n 5 "$RUN/logs/e1.err" "$RUN/logs/e1.out" | tee -a "$SUMMARY"
     exit 1
   fi
   EMB_RSS_FIRST=$(sed -n 's/^soak_gpu: ready .* rss_kb \([0-9]*\).*/\1/p' "$RUN/logs/e1.out")
@@ -437,6 +440,7 @@ while [ $(( $(now_ms) + 1000 )) -lt "$DEADLINE_MS" ]; do
         say "   $(( (k - T0) / 1000 )) s: soak_gpu start $EMB_STARTS SIGTERMed: status $EMB_RC in $(( $(now_ms) - k )) ms; $(grep -h '^soak_gpu end:' "$RUN/logs/e$EMB_STARTS.out" | sed 's/^soak_gpu end: //')"
         [ "$EMB_RC" = 0 ] || emb_fail "soak_gpu exited with status $EMB_RC on SIGTERM (logs/e$EMB_STARTS.err)"
       else
+        say "   $(( (k - T0) / 1000 )) s: soak_gpu start $EMB_STARTS (pid $EPID, RSS $(rss_kb "$EPID" "$RUN/ledger-gpu") kB) SIGKILLed"
         kill -9 "$EPID"
         emb_wait 10
         EMB_KILLS=$(( EMB_KILLS + 1 ))
