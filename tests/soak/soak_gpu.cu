@@ -32,11 +32,13 @@
 // it, none ran twice.  A round is logged when it ends (a killed program
 // loses the round in flight: its runs show as runs no log accounts for).
 //
-// At the end: device_slots_in_use, CPU slots and the CPU/GPU routes' tasks
-// in flight (chi_stats) must come back to 0 within 10 s; the last line,
+// At the end (deadline or SIGTERM): device_slots_in_use and CPU slots
+// (chi_stats) must come back to their values after start-up (0), and the
+// CPU/GPU routes' tasks in flight to 0, within 10 s; the last line,
 // "soak_gpu end: ...", gives them with the RSS after start-up and at the end
 // (without the ledger's mapped pages).
-// --smoke S: a short run for ctest (a private ledger in DIR), S seconds.
+// --smoke S: a short run for ctest (a private ledger in DIR), S seconds after
+// start-up; it fails when no round ran.
 // Exit status: 0 passed, 1 a check failed (wrong output, hang, unlogged
 // outcome, leaked slots), 2 usage or set-up, 3 a round that did not end,
 // 4 a CUDA error, 77 no usable GPU (skipped).
@@ -428,8 +430,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--wait-bound-s")) wait_bound_s = static_cast<uint32_t>(atoi(v));
     else usage();
   }
-  if (seconds > 0) g_deadline_ms = now_ms() + seconds * 1000;
-  if (!module || !dir || g_deadline_ms <= 0 || g_seq_bits < 10 || g_seq_bits > 31 || blocks == 0 ||
+  if (!module || !dir || (g_deadline_ms <= 0 && seconds <= 0) || g_seq_bits < 10 || g_seq_bits > 31 || blocks == 0 ||
       threads == 0 || threads % 32 != 0 || threads > 1024 || clients < 2 || round_bound_s == 0)
     usage();
 
@@ -524,6 +525,12 @@ int main(int argc, char **argv) {
     fprintf(stderr, "FAIL: soak_gpu: %s: %s\n", klog.c_str(), strerror(errno));
     return 2;
   }
+  // The baseline: what the runtime holds before any task (0 expected).
+  chi_stats_t base;
+  memset(&base, 0, sizeof base);
+  base.struct_size = sizeof base;
+  chi_stats(rt, &base);
+  if (seconds > 0) g_deadline_ms = now_ms() + seconds * 1000; /* from here: start-up not counted */
   const long rss_start = rss_kb();
   printf("soak_gpu: ready pid %d start %d rss_kb %ld grid %ux%u clients %llu..%llu\n", int(getpid()), start,
          rss_start, blocks, threads, (unsigned long long)client_base,
@@ -629,8 +636,8 @@ int main(int argc, char **argv) {
     memset(&st, 0, sizeof st);
     st.struct_size = sizeof st;
     chi_stats(rt, &st);
-    const bool back = st.device_slots_in_use == 0 && st.slots_in_use == 0 && st.routes[CHI_STATS_CPU].in_flight == 0 &&
-                      st.routes[CHI_STATS_GPU].in_flight == 0;
+    const bool back = st.device_slots_in_use == base.device_slots_in_use && st.slots_in_use == base.slots_in_use &&
+                      st.routes[CHI_STATS_CPU].in_flight == 0 && st.routes[CHI_STATS_GPU].in_flight == 0;
     if (back || now_ms() - t0 >= 10000) break;
     usleep(10000);
   }
@@ -645,20 +652,25 @@ int main(int argc, char **argv) {
            (unsigned long long)t.ok, (unsigned long long)t.released, (unsigned long long)t.failed,
            (unsigned long long)t.bad, (unsigned long long)t.hangs);
   }
-  const bool leak = st.device_slots_in_use != 0 || st.slots_in_use != 0 || st.routes[CHI_STATS_CPU].in_flight != 0 ||
-                    st.routes[CHI_STATS_GPU].in_flight != 0;
-  const bool fail = leak || bad || hangs || g_fail.load();
+  const bool leak = st.device_slots_in_use != base.device_slots_in_use || st.slots_in_use != base.slots_in_use ||
+                    st.routes[CHI_STATS_CPU].in_flight != 0 || st.routes[CHI_STATS_GPU].in_flight != 0;
+  /* A smoke run that ran no round checked nothing. */
+  const bool idle = smoke && rounds == 0;
+  if (idle) fprintf(stderr, "FAIL: soak_gpu --smoke: no round ran\n");
+  const bool fail = leak || bad || hangs || g_fail.load() || idle;
   const std::string end = fmt(
-      "soak_gpu end: start %d rounds %u device_slots_in_use %llu (of %llu) slots_in_use %llu cpu_in_flight %llu "
-      "gpu_in_flight %llu rss_start_kb %ld rss_end_kb %ld wrong_output %llu hangs %llu result %s\n",
+      "soak_gpu end: start %d rounds %u device_slots_in_use %llu (of %llu, at start %llu) slots_in_use %llu (at start "
+      "%llu) cpu_in_flight %llu gpu_in_flight %llu rss_start_kb %ld rss_end_kb %ld wrong_output %llu hangs %llu "
+      "result %s\n",
       start, rounds, (unsigned long long)st.device_slots_in_use, (unsigned long long)st.device_slots_total,
-      (unsigned long long)st.slots_in_use, (unsigned long long)st.routes[CHI_STATS_CPU].in_flight,
+      (unsigned long long)base.device_slots_in_use, (unsigned long long)st.slots_in_use,
+      (unsigned long long)base.slots_in_use, (unsigned long long)st.routes[CHI_STATS_CPU].in_flight,
       (unsigned long long)st.routes[CHI_STATS_GPU].in_flight, rss_start, rss_end, (unsigned long long)bad,
       (unsigned long long)hangs, fail ? "FAILED" : "passed");
   fputs(end.c_str(), stdout);
   fflush(stdout);
   write_all(hfd, "E " + end);
-  if (leak) fprintf(stderr, "FAIL: soak_gpu: slots or tasks in flight not back at 0 after 10 s\n");
+  if (leak) fprintf(stderr, "FAIL: soak_gpu: slots or tasks in flight not back at their start after 10 s\n");
   s = chi_finalize(rt);
   if (s != CHI_OK) fprintf(stderr, "FAIL: soak_gpu: chi_finalize: %s\n", chi_status_string(s));
   close(kfd);
