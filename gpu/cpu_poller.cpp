@@ -23,8 +23,9 @@ thread_local bool t_on_poller = false;
 bool on_poller_thread() { return t_on_poller; }
 
 CpuPoller::CpuPoller(Runtime &rt, int32_t gpu, const Shape &shape, uint64_t *ring,
-                     uint64_t *reply, uint8_t *buf, H2dExecutor *reaper)
-    : rt_(rt), gpu_(gpu), shape_(shape), ring_(ring), reply_(reply), buf_(buf), reaper_(reaper) {}
+                     uint64_t *reply, uint8_t *buf, H2dExecutor *reaper, D2hRelay *relay)
+    : rt_(rt), gpu_(gpu), shape_(shape), ring_(ring), reply_(reply), buf_(buf), reaper_(reaper),
+      relay_(relay) {}
 
 void CpuPoller::start() {
   stop_.store(false, std::memory_order_relaxed);
@@ -60,7 +61,11 @@ bool CpuPoller::serve(uint64_t ticket, unsigned char *in, unsigned char *out) {
       if (stop_.load(std::memory_order_relaxed)) return false;  // writer died mid-entry
   const chi_method_t method = ll_data(w[0]);
   const uint32_t size = ll_data(w[1]);
-  const uint32_t slot = ll_data(w[2]);
+  // A relay's entries carry the route above the slot (chimaera/device_layout.h).
+  const uint32_t word = ll_data(w[2]);
+  const uint32_t slot = relay_ ? word & CHI_DEV_SLOT_MASK : word;
+  const chi_route_t route =
+      relay_ ? chi_route_t(word >> CHI_DEV_SLOT_BITS) - CHI_DEV_ROUTE_BIAS : CHI_ROUTE_CPU;
   const uint32_t gen = ll_data(w[3]);
   if (slot >= shape_.dslots) {
     // Nobody can be waiting on such a slot: report and skip the entry.
@@ -80,18 +85,26 @@ bool CpuPoller::serve(uint64_t ticket, unsigned char *in, unsigned char *out) {
     } else {
       input = buf_ + slot * shape_.payload_stride;  // fenced before the entry
     }
-    status = run_cpu_handler(rt_.registry(), method, gpu_, input, size, out, shape_.max_payload,
-                             &osize);
+    if (relay_) {
+      if (relay_->take(route, method, input, size, slot, gen, &status, out, &osize)) return true;
+    } else {
+      status = run_cpu_handler(rt_.registry(), method, gpu_, input, size, out, shape_.max_payload,
+                               &osize);
+    }
   }
+  reply(slot, gen, status, out, osize);
+  return true;
+}
+
+void CpuPoller::reply(uint32_t slot, uint32_t gen, chi_status_t status, const void *out, size_t osize) {
   uint64_t *r = reply_ + uint64_t(slot) * CHI_DEV_LL_WORDS;
   if (osize <= CHI_DEV_LL_INLINE) {
-    ll_put_payload(r, out, uint32_t(osize), gen);
+    ll_put_payload(r, static_cast<const unsigned char *>(out), uint32_t(osize), gen);
   } else {
     std::memcpy(buf_ + slot * shape_.payload_stride, out, osize);
   }
   ll_store(r + 1, ll_pack(uint32_t(osize), gen));
   ll_store(r, ll_pack(uint32_t(status), gen));
-  return true;
 }
 
 void CpuPoller::run(uint32_t part) {

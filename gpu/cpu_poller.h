@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "chimaera.h"
 #include "core/poll_group.h"
 #include "gpu/shape.h"
 
@@ -22,17 +23,32 @@ namespace chi::gpu {
 
 class H2dExecutor;
 
+// A client process's relay (client_gpu.cpp): its kernels send every route
+// through the ring, and the relay runs or forwards each task.
+class D2hRelay {
+ public:
+  virtual ~D2hRelay() = default;
+  // One task read from the ring (input valid during the call only).  True:
+  // taken, the relay answers later with CpuPoller::reply; false: *status,
+  // out (capacity max_payload) and *osize are the answer now.
+  virtual bool take(chi_route_t route, chi_method_t method, const void *input, uint32_t size,
+                    uint32_t slot, uint32_t gen, chi_status_t *status, void *out, size_t *osize) = 0;
+};
+
 // True on a poller thread (handlers there must not block on a full queue).
 bool on_poller_thread();
 
 class CpuPoller {
  public:
   CpuPoller(Runtime &rt, int32_t gpu, const Shape &shape, uint64_t *ring, uint64_t *reply,
-            uint8_t *buf, H2dExecutor *reaper);
+            uint8_t *buf, H2dExecutor *reaper, D2hRelay *relay = nullptr);
   ~CpuPoller() { stop(); }
   void start();
   // Joins the threads; tasks not yet read stay in the ring.
   void stop();
+  // Writes the reply record of `slot` (osize <= max_payload); from any
+  // thread, once per task.
+  void reply(uint32_t slot, uint32_t gen, chi_status_t status, const void *out, size_t osize);
 
  private:
   void run(uint32_t part);
@@ -45,6 +61,7 @@ class CpuPoller {
   uint64_t *const reply_;
   uint8_t *const buf_;
   H2dExecutor *const reaper_;
+  D2hRelay *const relay_;
   std::atomic<bool> stop_{false};
   std::unique_ptr<PollGroup> group_;  // made by start()
   std::vector<std::thread> threads_;

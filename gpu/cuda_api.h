@@ -15,6 +15,7 @@
 #define cudaMemoryTypeDevice hipMemoryTypeDevice
 #define cudaMemcpyHostToDevice hipMemcpyHostToDevice
 #define cudaMemcpyDefault hipMemcpyDefault
+#define cudaMemcpyDeviceToHost hipMemcpyDeviceToHost
 #define cudaHostAllocMapped hipHostMallocMapped
 #define cudaHostAllocPortable hipHostMallocPortable
 #define cudaDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
@@ -46,6 +47,11 @@
 #define cudaMemsetAsync hipMemsetAsync
 #define cudaMemcpyAsync hipMemcpyAsync
 #define cudaPointerGetAttributes hipPointerGetAttributes
+#define cudaIpcMemHandle_t hipIpcMemHandle_t
+#define cudaIpcGetMemHandle hipIpcGetMemHandle
+#define cudaIpcOpenMemHandle hipIpcOpenMemHandle
+#define cudaIpcCloseMemHandle hipIpcCloseMemHandle
+#define cudaIpcMemLazyEnablePeerAccess hipIpcMemLazyEnablePeerAccess
 // ROCm 5 names the field memoryType (ROCm 6: type).
 #define CHI_POINTER_TYPE(a) ((a).memoryType)
 #else

@@ -14,6 +14,7 @@
 #include "base/log.h"
 #include "core/registry.h"
 #include "core/runtime.h"
+#include "gpu/d2h_memory.h"
 #include "gpu/kernels.h"
 
 namespace chi::gpu {
@@ -59,17 +60,6 @@ inline void cpu_relax() {
 #endif
 }
 
-// Hands out aligned offsets inside one allocation.
-struct Carver {
-  size_t size = 0;
-  size_t take(size_t n, size_t align = 256) {
-    size = (size + align - 1) & ~(align - 1);
-    size_t at = size;
-    size += n;
-    return at;
-  }
-};
-
 }  // namespace
 
 DeviceGuard::DeviceGuard(int ordinal) : want_(ordinal) {
@@ -79,6 +69,36 @@ DeviceGuard::DeviceGuard(int ordinal) : want_(ordinal) {
 
 DeviceGuard::~DeviceGuard() {
   if (prev_ >= 0 && prev_ != want_) (void)cudaSetDevice(prev_);
+}
+
+bool allocation_range(const void *ptr, uintptr_t *base_out, size_t *len_out) {
+#if CHI_HAVE_HIP
+  void *base = nullptr;
+  size_t len = 0;
+  if (hipMemGetAddressRange(reinterpret_cast<hipDeviceptr_t *>(&base), &len, const_cast<void *>(ptr)) != hipSuccess) {
+    (void)hipGetLastError();
+    return false;
+  }
+  *base_out = reinterpret_cast<uintptr_t>(base);
+#else
+  // The allocation's extent comes from the driver; fetched through the runtime
+  // so that the library never links libcuda (it must load without a driver).
+  using range_fn = int (*)(unsigned long long *, size_t *, unsigned long long);
+  static range_fn range = [] {
+    void *fn = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<range_fn>(fn);
+  }();
+  unsigned long long base = 0;
+  size_t len = 0;
+  if (!range || range(&base, &len, reinterpret_cast<unsigned long long>(ptr)) != 0) return false;
+  *base_out = uintptr_t(base);
+#endif
+  *len_out = len;
+  return true;
 }
 
 chi_status_t cuda_error(chi_status_t status, int32_t gpu, const char *what, cudaError_t e) {
@@ -120,11 +140,10 @@ chi_status_t GpuDevice::allocate() {
   size_t h2d_ring = hc.take(s.h2d_ring_entries * rec);
   size_t h2d_done = hc.take(s.h2d_slots * rec);
   size_t h2d_buf = bufs ? hc.take(s.h2d_slots * s.payload_stride) : 0;
-  size_t d2h_ring = hc.take(s.d2h_ring_entries * rec);
-  size_t d2h_reply = hc.take(s.dslots * rec);
-  size_t d2h_buf = bufs ? hc.take(s.dslots * s.payload_stride) : 0;
   size_t stop = hc.take(128);  // control staging, fault read-back; the lease words at +64
-  size_t diag = hc.take(CHI_DEV_DIAG_WORDS * sizeof(uint64_t));
+  Carver dc;
+  D2hCarve d2h;
+  carve_d2h(s, hc, dc, &d2h);
   if (cudaError_t e = cudaHostAlloc(reinterpret_cast<void **>(&pinned_), hc.size,
                                     cudaHostAllocPortable | cudaHostAllocMapped);
       e != cudaSuccess) {
@@ -138,12 +157,11 @@ chi_status_t GpuDevice::allocate() {
     return cuda_error(CHI_ERR_INTERNAL, id_, "mapping pinned memory", e);
   stop_src_ = reinterpret_cast<uint32_t *>(pinned_ + stop);
   host_lease_ = reinterpret_cast<uint64_t *>(pinned_ + stop + 64);
-  diag_ = reinterpret_cast<uint64_t *>(pinned_ + diag);
+  diag_ = reinterpret_cast<uint64_t *>(pinned_ + d2h.diag);
   for (cudaEvent_t *ev : {&ended_[0], &ended_[1]})
     if (cudaError_t e = cudaEventCreateWithFlags(ev, cudaEventDisableTiming); e != cudaSuccess)
       return cuda_error(CHI_ERR_INTERNAL, id_, "creating an event", e);
 
-  Carver dc;
   size_t state = dc.take(sizeof(chi_dev_orch_state_t));
   size_t control = dc.take(64);
   size_t next = dc.take(s.h2d_pollers * sizeof(uint64_t));
@@ -155,13 +173,7 @@ chi_status_t GpuDevice::allocate() {
   size_t d2d_cells = dc.take(s.dslots * sizeof(uint64_t));
   size_t d2d_head = dc.take(128);
   size_t d2d_tail = dc.take(128);
-  size_t d2h_state = dc.take(s.dslots * sizeof(uint32_t));
-  size_t d2h_bitmap = dc.take(s.dslots / 8);
-  size_t d2h_tail = dc.take(128);
-  size_t d2h_released = dc.take(128);
-  size_t wait_line = dc.take(256);
   size_t gate = dc.take(128);
-  size_t regions = dc.take(sizeof(chi_dev_regions_t));
   size_t stage = dc.take(CHI_DEV_MAX_REGIONS * sizeof(chi_dev_region_t));
   if (cudaError_t e = cudaMalloc(reinterpret_cast<void **>(&dev_), dc.size); e != cudaSuccess) {
     dev_ = nullptr;
@@ -173,34 +185,14 @@ chi_status_t GpuDevice::allocate() {
   region_stage_ = reinterpret_cast<chi_dev_region_t *>(dev_ + stage);
 
   chi_dev_ctx_layout_t &l = layout_;
-  l.magic = CHI_DEV_CTX_MAGIC;
-  l.gpu = id_;
-  l.max_payload = s.max_payload;
-  l.slots = s.dslots;
-  l.payload_stride = s.payload_stride;
+  fill_d2h_layout(s, d2h, pdev, dev_, id_, ngpus_, &l);
   l.d2d_slots = dev_ + d2d_slots;
   l.d2d_state = reinterpret_cast<uint32_t *>(dev_ + d2d_state);
   l.d2d_bitmap = reinterpret_cast<uint32_t *>(dev_ + d2d_bitmap);
   l.d2d_cells = reinterpret_cast<uint64_t *>(dev_ + d2d_cells);
   l.d2d_head = reinterpret_cast<uint64_t *>(dev_ + d2d_head);
   l.d2d_tail = reinterpret_cast<uint64_t *>(dev_ + d2d_tail);
-  l.d2h_ring = reinterpret_cast<uint64_t *>(pdev + d2h_ring);
-  l.d2h_reply = reinterpret_cast<uint64_t *>(pdev + d2h_reply);
-  l.d2h_buf = bufs ? pdev + d2h_buf : nullptr;
-  l.d2h_state = reinterpret_cast<uint32_t *>(dev_ + d2h_state);
-  l.d2h_bitmap = reinterpret_cast<uint32_t *>(dev_ + d2h_bitmap);
-  l.d2h_tail = reinterpret_cast<uint64_t *>(dev_ + d2h_tail);
-  l.regions = reinterpret_cast<chi_dev_regions_t *>(dev_ + regions);
-  l.d2h_ring_entries = s.d2h_ring_entries;
-  l.wait_spin_ns = s.wait_spin_ns;
-  l.flags = 0;
-  l.submit_timeout_us = s.submit_timeout_us;
-  l.d2h_released = reinterpret_cast<uint32_t *>(dev_ + d2h_released);
-  l.wait_line = reinterpret_cast<uint64_t *>(dev_ + wait_line);
-  l.diag = reinterpret_cast<uint64_t *>(pdev + diag);
   l.gate = reinterpret_cast<uint64_t *>(dev_ + gate);
-  l.lease_us = uint32_t(s.lease_ns / 1000);
-  l.ngpus = ngpus_;
 
   chi_dev_orch_state_t os;
   std::memset(&os, 0, sizeof os);
@@ -249,9 +241,9 @@ chi_status_t GpuDevice::allocate() {
   exec_ = std::make_unique<H2dExecutor>(rt_, id_, s, reinterpret_cast<uint64_t *>(pinned_ + h2d_ring),
                                         reinterpret_cast<uint64_t *>(pinned_ + h2d_done),
                                         bufs ? pinned_ + h2d_buf : nullptr);
-  poller_ = std::make_unique<CpuPoller>(rt_, id_, s, reinterpret_cast<uint64_t *>(pinned_ + d2h_ring),
-                                        reinterpret_cast<uint64_t *>(pinned_ + d2h_reply),
-                                        bufs ? pinned_ + d2h_buf : nullptr, exec_.get());
+  poller_ = std::make_unique<CpuPoller>(rt_, id_, s, reinterpret_cast<uint64_t *>(pinned_ + d2h.ring),
+                                        reinterpret_cast<uint64_t *>(pinned_ + d2h.reply),
+                                        bufs ? pinned_ + d2h.buf : nullptr, exec_.get());
   log(LogLevel::kInfo,
       "GPU %d (CUDA device %d): orchestrator %u x %u threads, %u polling warps, lease %llu us%s; "
       "%u CPU->GPU slots, %u device slots, %u CPU pollers; %.1f MiB pinned, %.1f MiB device",
@@ -543,30 +535,9 @@ chi_status_t GpuDevice::check_pointer(const void *ptr, size_t size) {
   if (a.device != ordinal_)
     return set_error(CHI_ERR_INVALID, "GPU %d: %p belongs to CUDA device %d, not %d", id_, ptr,
                      a.device, ordinal_);
-#if CHI_HAVE_HIP
-  void *base = nullptr;
+  uintptr_t b = 0;
   size_t len = 0;
-  if (hipMemGetAddressRange(reinterpret_cast<hipDeviceptr_t *>(&base), &len,
-                            const_cast<void *>(ptr)) == hipSuccess) {
-    uintptr_t b = reinterpret_cast<uintptr_t>(base);
-#else
-  // The allocation's extent comes from the driver; fetched through the runtime
-  // so that the library never links libcuda (it must load without a driver).
-  using range_fn = int (*)(unsigned long long *, size_t *, unsigned long long);
-  static range_fn range = [] {
-    void *fn = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<range_fn>(fn);
-  }();
-  unsigned long long base = 0;
-  size_t len = 0;
-  if (range && range(&base, &len, reinterpret_cast<unsigned long long>(ptr)) == 0) {
-    uintptr_t b = uintptr_t(base);
-#endif
+  if (allocation_range(ptr, &b, &len)) {
     uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
     if (p - b > len || size > len - (p - b))
       return set_error(CHI_ERR_INVALID,

@@ -38,6 +38,10 @@ class DeviceGuard {
   int want_;
 };
 
+// The allocation that holds device pointer `ptr` (from the driver); false
+// where it cannot tell.
+bool allocation_range(const void *ptr, uintptr_t *base, size_t *len);
+
 // Sets the thread's message for a failed CUDA call and returns `status`.
 chi_status_t cuda_error(chi_status_t status, int32_t gpu, const char *what, cudaError_t e);
 
@@ -56,6 +60,7 @@ class GpuDevice {
   // pause(), and whether the orchestrator was running before.
   chi_status_t pause_if_running(bool *was_running);
   int32_t id() const { return id_; }
+  int ordinal() const { return ordinal_; }
   // "running", "paused", "failed" or "stopped"; *launches: launches so far.
   const char *orchestrator_state(uint64_t *launches);
   // Pauses, installs the method-id -> dispatch-index table, relaunches with `launch`.

@@ -1,5 +1,6 @@
 // Build without CUDA/HIP: no GPU system, so GPU routes answer CHI_ERR_NO_DEVICE.
 #include "base/error.h"
+#include "client/client_gpu.h"
 #include "core/gpu_system.h"
 
 namespace chi {
@@ -10,6 +11,11 @@ chi_status_t create_gpu_system(Runtime &, const Config &cfg, std::unique_ptr<Gpu
     return set_error(CHI_ERR_NO_DEVICE, "%d GPU(s) requested but chimaera was built without CUDA/HIP",
                      cfg.gpu.devices);
   return CHI_OK;
+}
+
+chi_status_t create_client_gpu(Client &, Runtime &, int32_t gpu, int32_t, std::unique_ptr<ClientGpu> *out) {
+  out->reset();
+  return set_error(CHI_ERR_NO_DEVICE, "GPU %d: chimaera was built without CUDA/HIP", gpu);
 }
 
 }  // namespace chi

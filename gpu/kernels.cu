@@ -32,7 +32,28 @@ __global__ void region_update(chi_dev_regions_t *t, const chi_dev_region_t *stag
   chi_port::st_release_dev(&t->seq, s + 2u);
 }
 
+// One warp: frees the GPU->CPU slots released before their reply came (a
+// client's relay has no orchestrator to sweep them).
+__global__ void sweep_released(chi_dev_context_t ctx) {
+  chi_dev_detail::sweep_released(chi_dev_detail::layout(&ctx), chi_port::lane_id());
+}
+
 }  // namespace
+
+cudaError_t launch_sweep_released(const chi_dev_context_t &ctx, cudaStream_t stream) {
+  sweep_released<<<1, CHI_WARP_SIZE, 0, stream>>>(ctx);
+  return cudaGetLastError();
+}
+
+cudaError_t sweep_loadable() {
+#if CHI_HAVE_HIP
+  hipFuncAttributes a;
+  return hipFuncGetAttributes(&a, reinterpret_cast<const void *>(sweep_released));
+#else
+  cudaFuncAttributes a;
+  return cudaFuncGetAttributes(&a, sweep_released);
+#endif
+}
 
 chi_status_t launch_builtin(const chi_gpu_launch_t *launch) {
   builtin_orchestrator<<<launch->blocks, launch->threads_per_block, 0,

@@ -18,4 +18,10 @@ cudaError_t builtin_loadable();
 cudaError_t launch_region_update(chi_dev_regions_t *table, const chi_dev_region_t *staged,
                                  uint32_t n, uint32_t clear_to, cudaStream_t stream);
 
+// Frees released GPU->CPU slots of a relay context (client_gpu.cpp) once
+// their replies came; sweep_loadable loads the kernel (call it before the
+// process's kernels run: a lazy load later may wait for them).
+cudaError_t launch_sweep_released(const chi_dev_context_t &ctx, cudaStream_t stream);
+cudaError_t sweep_loadable();
+
 }  // namespace chi::gpu

@@ -1,6 +1,7 @@
 // Sizes of one GPU's queues and buffers, derived once from the configuration.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "config/config.h"
@@ -26,5 +27,16 @@ struct Shape {
 
 // sm_count: multiprocessors of the GPU (the grid never covers all of them).
 Shape make_shape(const Config &cfg, int sm_count);
+
+// Hands out aligned offsets inside one allocation.
+struct Carver {
+  size_t size = 0;
+  size_t take(size_t n, size_t align = 256) {
+    size = (size + align - 1) & ~(align - 1);
+    size_t at = size;
+    size += n;
+    return at;
+  }
+};
 
 }  // namespace chi::gpu

@@ -19,6 +19,11 @@
  *                       handler (GPU->CPU); the handler sees source = GPU id.
  *   CHI_ROUTE_GPU(n)    another GPU of the runtime: not supported yet, CHI_ERR_INVALID;
  *                       n not a GPU of the runtime: CHI_ERR_NO_DEVICE (see docs/gpu.md).
+ * With the context of a client process (chi_gpu_context of a client runtime)
+ * every route goes through the client's relay to its server: CHI_ROUTE_CPU to
+ * the server's CPU handlers (or the client's own), the GPU routes to the
+ * server's orchestrators, CHI_ROUTE_GPU(n) for any GPU n of the server
+ * (docs/server.md, "Client kernels").
  *
  * Warp semantics: every function below is per thread, except the
  * chi_dev_warp_* variants.  Any subset of a warp's lanes may call a
@@ -93,7 +98,7 @@ CHI_DEVICE chi_status_t submit_one(const chi_dev_context_t *ctx, chi_route_t rou
     if (!pushed) return CHI_ERR_INTERNAL;
   } else {
     if ((s = cpu_prepare(l, input, input_size, &slot, &gen, wait, &t)) != CHI_OK) return s;
-    cpu_publish(l, t, method, input, input_size, slot, gen);
+    cpu_publish(l, t, method, input, input_size, ring_slot_word(l, slot, route), gen);
   }
   *future = make_future(kind, gen, slot);
   return CHI_OK;
@@ -463,7 +468,7 @@ CHI_DEVICE chi_status_t warp_submit(const chi_dev_context_t *ctx, chi_route_t ro
         if (!queue_push_at(l, t, slot)) s = CHI_ERR_INTERNAL;
         gate_leave(l);
       } else {
-        cpu_publish(l, t, method, input, input_size, slot, gen);
+        cpu_publish(l, t, method, input, input_size, ring_slot_word(l, slot, route), gen);
       }
       if (s == CHI_OK) *future = make_future(k, gen, slot);
     }

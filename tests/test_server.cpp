@@ -358,6 +358,13 @@ void test_round_trips_from_threads(void **) {
   assert_status(CHI_ERR_INVALID, chi_submit(c, CHI_ROUTE_CPU, 0, "x", 1, &fu));
   // Routes: GPU routes answer as the server can (no GPU in this server).
   assert_status(CHI_ERR_NO_DEVICE, chi_submit(c, CHI_ROUTE_GPU_ANY, CHI_METHOD_ECHO, "x", 1, &fu));
+  // A client's device context (client kernels, docs/server.md): refused
+  // with the server's reason before any CUDA call in the client.
+  chi_dev_context_t dctx;
+  assert_status(CHI_ERR_INVALID, chi_gpu_context(c, 0, nullptr));
+  assert_status(CHI_ERR_NO_DEVICE, chi_gpu_context(c, 0, &dctx));
+  assert_non_null(strstr(chi_last_error_message(), "drives no GPU"));
+  assert_status(CHI_ERR_NO_DEVICE, chi_gpu_context(c, -1, &dctx));
   // A handler registered in the client runs in the client.
   chi_method_t local;
   assert_status(CHI_OK, chi_register_handler(c, "client.sleep", sleep_handler, nullptr, &local));

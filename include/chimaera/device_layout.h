@@ -16,7 +16,7 @@
 
 #include "chimaera.h"
 
-#define CHI_DEV_ABI_VERSION 4u
+#define CHI_DEV_ABI_VERSION 5u
 #define CHI_DEV_CTX_MAGIC 0x43484944u /* "CHID" */
 
 /* An LL record: 32 eight-byte words, each {uint32 data, uint32 flag}.  Words
@@ -46,6 +46,18 @@ typedef struct chi_dev_slot_header {
 
 /* chi_dev_ctx_layout_t.flags */
 #define CHI_DEV_CTX_ORCHESTRATOR 1u /* the orchestrator's own copy: submits never wait for a slot */
+/* A client process's context (docs/server.md, "Client kernels"): there is no
+ * orchestrator in the process, so every route goes through the GPU->CPU ring
+ * and the client's relay forwards it; d2d_* and gate are NULL. */
+#define CHI_DEV_CTX_RELAY 2u
+
+/* GPU->CPU ring entry, header word 2: the slot in the low 24 bits; in a
+ * relay context the route, plus CHI_DEV_ROUTE_BIAS, in the high 8 (0 in a
+ * runtime's own context: the CPU route).  Routes -3 .. 251 fit. */
+#define CHI_DEV_SLOT_BITS 24u
+#define CHI_DEV_SLOT_MASK 0xFFFFFFu
+#define CHI_DEV_ROUTE_BIAS 4
+#define CHI_DEV_ROUTE_MAX 251
 
 #define CHI_DEV_MAX_REGIONS 1024u
 typedef struct chi_dev_region {

@@ -435,11 +435,24 @@ CHI_DEVICE chi_status_t check_submit(const chi_dev_context_t *ctx, chi_route_t r
   const chi_dev_layout *l = layout(ctx);
   if (l->magic != CHI_DEV_CTX_MAGIC || method == 0 || (!input && input_size)) return CHI_ERR_INVALID;
   if (input_size > l->max_payload) return CHI_ERR_TOO_LARGE;
+  if (l->flags & CHI_DEV_CTX_RELAY) { /* a client's context: every route through the ring */
+    if (route < CHI_ROUTE_LOCAL) return CHI_ERR_INVALID;
+    if (route >= 0 && route >= l->ngpus) return CHI_ERR_NO_DEVICE;
+    *kind = kKindCpu;
+    return CHI_OK;
+  }
   if (route == CHI_ROUTE_LOCAL || route == CHI_ROUTE_GPU_ANY || route == l->gpu) *kind = kKindLocal;
   else if (route == CHI_ROUTE_CPU) *kind = kKindCpu;
   else if (route >= 0 && route >= l->ngpus) return CHI_ERR_NO_DEVICE; /* no such GPU */
   else return CHI_ERR_INVALID; /* another GPU of the runtime: not from device code (docs/gpu.md) */
   return CHI_OK;
+}
+
+/* Header word 2 of a GPU->CPU ring entry: the slot, and in a relay context
+ * the route for the client's relay (CHI_DEV_ROUTE_BIAS, device_layout.h). */
+CHI_DEVICE uint32_t ring_slot_word(const chi_dev_layout *l, uint32_t slot, chi_route_t route) {
+  if (!(l->flags & CHI_DEV_CTX_RELAY)) return slot;
+  return slot | (static_cast<uint32_t>(route + CHI_DEV_ROUTE_BIAS) << CHI_DEV_SLOT_BITS);
 }
 
 /* A GPU->CPU slot released before its reply came, once the reply is there:

@@ -576,9 +576,9 @@ chi_status_t gpu_target(chi::Runtime *e, int32_t gpu, bool allow_all, chi::GpuSy
 CHI_API chi_status_t chi_gpu_context(chi_runtime_t *rt, int32_t gpu, chi_dev_context_t *ctx) {
   return guarded([&]() -> chi_status_t {
     CHI_HANDLE(rt);
-    if (rt->client) return client_gpu_refusal("chi_gpu_context");
-    chi::Runtime *e = rt->engine;
     CHI_NONNULL(ctx);
+    if (rt->client) return rt->client->gpu_context(gpu, ctx);
+    chi::Runtime *e = rt->engine;
     chi::GpuSystem *g;
     if (chi_status_t s = gpu_target(e, gpu, false, &g); s != CHI_OK) return s;
     return g->context(gpu, ctx);

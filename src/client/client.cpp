@@ -6,6 +6,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "core/runtime.h"
+#include "client/client_gpu.h"
 #include "client/shm_client.h"
 #include "client/zmq_client.h"
 #include "ipc/handshake.h"
@@ -21,6 +22,7 @@ Client::~Client() {
 
 void Client::shutdown_local() {
   std::lock_guard<std::mutex> lock(local_mu_);
+  gpus_relay_.clear();  // their pollers run handlers on local_ and forward over the transport
   if (local_) local_->shutdown();
   local_ptr_.store(nullptr, std::memory_order_release);
   local_.reset();
@@ -42,6 +44,21 @@ chi_status_t Client::local(bool create, Runtime **rt) {
   }
   *rt = local_.get();
   return *rt ? CHI_OK : set_error(CHI_ERR_NOT_FOUND, "this client has no local handlers");
+}
+
+chi_status_t Client::gpu_context(int32_t gpu, chi_dev_context_t *ctx) {
+  if (gpus_ == 0)
+    return set_error(CHI_ERR_NO_DEVICE, "the server %s drives no GPU (or gpu.devices is 0)", address_.c_str());
+  if (gpu < 0 || gpu >= gpus_)
+    return set_error(CHI_ERR_INVALID, "GPU %d out of range: the server drives %d GPU(s)", gpu, gpus_);
+  Runtime *l;
+  if (chi_status_t s = local(true, &l); s != CHI_OK) return s;
+  std::lock_guard<std::mutex> lock(local_mu_);
+  if (gpus_relay_.size() < size_t(gpus_)) gpus_relay_.resize(size_t(gpus_));
+  if (!gpus_relay_[gpu])
+    if (chi_status_t s = create_client_gpu(*this, *l, gpu, gpus_, &gpus_relay_[gpu]); s != CHI_OK) return s;
+  gpus_relay_[gpu]->context(ctx);
+  return CHI_OK;
 }
 
 int64_t Client::wait_spin_ns() const {

@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "chimaera.h"
 #include "config/config.h"
@@ -17,6 +18,7 @@
 namespace chi {
 
 class Runtime;
+class ClientGpu;
 
 // Method ids of a client's own handlers carry this bit; the server's ids never do.
 constexpr chi_method_t kLocalMethodBit = 0x40000000u;
@@ -40,6 +42,10 @@ class Client {
                             size_t output_capacity, size_t *output_size) = 0;
   virtual chi_status_t test(uint32_t slot, uint32_t gen, int *done) = 0;
   virtual chi_status_t release(uint32_t slot, uint32_t gen) = 0;
+  // Whether the task of a live future has finished: one load, no checks
+  // beyond the slot's range, no system call (the relay of client kernels
+  // scans its futures with it; gpu/client_gpu.cpp).
+  virtual bool finished(uint32_t slot, uint32_t gen) const = 0;
   // One control request (lookups, stats, status, ping, stop); replies come in order.
   virtual chi_status_t control(ipc::Op op, uint16_t flags, const void *payload, uint32_t length,
                                void *reply, uint32_t capacity, uint32_t *reply_length) = 0;
@@ -49,6 +55,10 @@ class Client {
   chi_status_t register_handler(const char *name, chi_handler_t fn, void *user_data,
                                 chi_method_t *method);
   chi_status_t stats(chi_stats_t *out);
+
+  // chi_gpu_context in a client: the device context of the client's relay
+  // for GPU `gpu` (made on first use; client_gpu.h).
+  chi_status_t gpu_context(int32_t gpu, chi_dev_context_t *ctx);
 
   // The local pool for the client's own handlers, modules and memory
   // regions (made on first use when create is true).
@@ -93,6 +103,7 @@ class Client {
   chi_status_t check_submit(chi_route_t route, chi_method_t method, size_t input_size, uint32_t max_payload);
 
   std::mutex local_mu_;
+  std::vector<std::unique_ptr<ClientGpu>> gpus_relay_;  // by GPU, under local_mu_; stopped before local_
   std::unique_ptr<Runtime> local_;
   std::atomic<Runtime *> local_ptr_{nullptr};  // local_, published for lock-free readers
 };

@@ -256,6 +256,11 @@ chi_status_t ShmClient::test(uint32_t i, uint32_t gen, int *done) {
   return CHI_OK;
 }
 
+bool ShmClient::finished(uint32_t i, uint32_t gen) const {
+  if (i >= seg_.layout.nslots) return false;
+  return (seg_.slot(i)->state.load(std::memory_order_acquire) & ~slot::kSleeper) == slot::word(gen, slot::kDone);
+}
+
 chi_status_t ShmClient::release(uint32_t i, uint32_t gen) {
   if (chi_status_t s = check(i, gen); s != CHI_OK) return s;
   if (slot::orphan(mine_[i], gen) != slot::kOrphan)

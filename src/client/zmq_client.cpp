@@ -466,6 +466,11 @@ chi_status_t ZmqClient::test(uint32_t i, uint32_t gen, int *done) {
   return CHI_OK;
 }
 
+bool ZmqClient::finished(uint32_t i, uint32_t gen) const {
+  if (i >= nslots_.load(std::memory_order_acquire)) return false;
+  return slots_[i].word.load(std::memory_order_acquire) == slot::word(gen, slot::kDone);
+}
+
 chi_status_t ZmqClient::release(uint32_t i, uint32_t gen) {
   if (chi_status_t s = check(i, gen); s != CHI_OK) return s;
   // The I/O thread frees an orphan when its result comes.

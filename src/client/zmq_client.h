@@ -29,6 +29,7 @@ class ZmqClient final : public Client {
                     size_t output_capacity, size_t *output_size) override;
   chi_status_t test(uint32_t slot, uint32_t gen, int *done) override;
   chi_status_t release(uint32_t slot, uint32_t gen) override;
+  bool finished(uint32_t slot, uint32_t gen) const override;
   chi_status_t control(ipc::Op op, uint16_t flags, const void *payload, uint32_t length, void *reply,
                        uint32_t capacity, uint32_t *reply_length) override;
 

@@ -1,0 +1,299 @@
+// The relay of a client process's kernels (client/client_gpu.h): the
+// GPU->CPU layout of gpu/d2h_memory.h in the client's own CUDA context, a
+// CpuPoller whose D2hRelay is this object, and a completion thread that
+// writes the reply of each forwarded task when the server answers it.
+#include "client/client_gpu.h"
+
+#include <pthread.h>
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "client/client.h"
+#include "core/executor.h"
+#include "core/futex.h"
+#include "core/registry.h"
+#include "core/runtime.h"
+#include "gpu/cpu_poller.h"
+#include "gpu/d2h_memory.h"
+#include "gpu/gpu_device.h"
+#include "gpu/kernels.h"
+
+namespace chi {
+namespace gpu {
+namespace {
+
+// How often the sweep thread looks for released slots whose reply came.
+constexpr long kSweepEveryNs = 2000000;
+// A completion thread with tasks out naps at most this long between scans.
+constexpr int64_t kNapMaxNs = 50000;
+
+void nap(int64_t ns) {
+  timespec ts{time_t(ns / 1000000000), long(ns % 1000000000)};
+  nanosleep(&ts, nullptr);
+}
+
+class RelayGpu final : public ClientGpu, public D2hRelay {
+ public:
+  RelayGpu(Client &client, Runtime &local, int32_t gpu, int32_t ngpus)
+      : client_(client), local_(local), id_(gpu), ngpus_(ngpus) {}
+
+  ~RelayGpu() override {
+    if (poller_) poller_->stop();
+    quit_.store(true);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cv_.notify_all();
+    }
+    if (done_thread_.joinable()) done_thread_.join();
+    if (sweep_thread_.joinable()) sweep_thread_.join();
+    // Forwarded tasks nobody will read: their server slots are freed.
+    for (const Pending &p : incoming_) (void)client_.release(p.slot, p.gen);
+    for (const Pending &p : out_) (void)client_.release(p.slot, p.gen);
+    poller_.reset();
+    DeviceGuard guard(id_);
+    if (dev_) (void)cudaFree(dev_);
+    if (pinned_) (void)cudaFreeHost(pinned_);
+    if (stream_) (void)cudaStreamDestroy(stream_);
+    (void)cudaGetLastError();
+  }
+
+  chi_status_t start() {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || id_ >= n) {
+      (void)cudaGetLastError();
+      return set_error(CHI_ERR_NO_DEVICE,
+                       "GPU %d: this client process sees %d CUDA device(s); a client's GPU n is its "
+                       "CUDA device n (the same CUDA_VISIBLE_DEVICES as the server)",
+                       id_, n);
+    }
+    DeviceGuard guard(id_);
+    int sms = 0;
+    if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, id_); e != cudaSuccess)
+      return cuda_error(CHI_ERR_NO_DEVICE, id_, "reading the SM count", e);
+    shape_ = make_shape(local_.config(), sms);
+    if (cudaError_t e = sweep_loadable(); e != cudaSuccess)
+      return cuda_error(CHI_ERR_NO_DEVICE, id_, "loading the relay's kernel (no code for this GPU?)", e);
+    if (cudaError_t e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking); e != cudaSuccess)
+      return cuda_error(CHI_ERR_INTERNAL, id_, "creating a stream", e);
+    Carver hc, dc;
+    D2hCarve c;
+    carve_d2h(shape_, hc, dc, &c);
+    const size_t staging = hc.take(64);  // d2h_released read back here
+    if (cudaError_t e = cudaHostAlloc(reinterpret_cast<void **>(&pinned_), hc.size,
+                                      cudaHostAllocPortable | cudaHostAllocMapped);
+        e != cudaSuccess) {
+      pinned_ = nullptr;
+      return cuda_error(CHI_ERR_NOMEM, id_, "allocating pinned host memory", e);
+    }
+    std::memset(pinned_, 0, hc.size);
+    released_copy_ = reinterpret_cast<uint32_t *>(pinned_ + staging);
+    uint8_t *pdev = nullptr;
+    if (cudaError_t e = cudaHostGetDevicePointer(reinterpret_cast<void **>(&pdev), pinned_, 0); e != cudaSuccess)
+      return cuda_error(CHI_ERR_INTERNAL, id_, "mapping pinned memory", e);
+    if (cudaError_t e = cudaMalloc(reinterpret_cast<void **>(&dev_), dc.size); e != cudaSuccess) {
+      dev_ = nullptr;
+      return cuda_error(CHI_ERR_NOMEM, id_, "allocating device memory", e);
+    }
+    cudaError_t e = cudaMemsetAsync(dev_, 0, dc.size, stream_);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(stream_);
+    if (e != cudaSuccess) return cuda_error(CHI_ERR_INTERNAL, id_, "initializing device memory", e);
+    std::memset(&layout_, 0, sizeof layout_);
+    fill_d2h_layout(shape_, c, pdev, dev_, id_, ngpus_, &layout_);
+    layout_.flags = CHI_DEV_CTX_RELAY;
+    layout_.lease_us = 0;  // no orchestrator here: nothing steps aside
+    const bool bufs = shape_.max_payload > CHI_DEV_LL_INLINE;
+    poller_ = std::make_unique<CpuPoller>(local_, id_, shape_, reinterpret_cast<uint64_t *>(pinned_ + c.ring),
+                                          reinterpret_cast<uint64_t *>(pinned_ + c.reply),
+                                          bufs ? pinned_ + c.buf : nullptr, nullptr, this);
+    done_thread_ = std::thread([this] { complete_loop(); });
+    sweep_thread_ = std::thread([this] { sweep_loop(); });
+    poller_->start();
+    log(LogLevel::kInfo,
+        "GPU %d: client kernels' relay: %u device slots, %u pollers; %.1f MiB pinned, %.1f MiB device", id_,
+        shape_.dslots, shape_.cpu_pollers, hc.size / 1048576.0, dc.size / 1048576.0);
+    return CHI_OK;
+  }
+
+  void context(chi_dev_context_t *ctx) const override {
+    std::memset(ctx, 0, sizeof *ctx);
+    std::memcpy(ctx, &layout_, sizeof layout_);
+  }
+
+  bool take(chi_route_t route, chi_method_t method, const void *input, uint32_t size, uint32_t slot,
+            uint32_t gen, chi_status_t *status, void *out, size_t *osize) override {
+    *osize = 0;
+    if (route < CHI_ROUTE_LOCAL || route > CHI_DEV_ROUTE_MAX) {
+      *status = CHI_ERR_PROTOCOL;  // device code never writes this
+      return false;
+    }
+    if (method & kLocalMethodBit) {
+      // The client's own handler: CPU only, run here as a runtime's poller would.
+      if (route != CHI_ROUTE_CPU) {
+        *status = CHI_ERR_NOT_FOUND;
+        return false;
+      }
+      *status = run_cpu_handler(local_.registry(), method & ~kLocalMethodBit, id_, input, size, out,
+                                shape_.max_payload, osize);
+      return false;
+    }
+    // LOCAL from a kernel is its own GPU's orchestrator: the server's GPU id.
+    const chi_route_t to = route == CHI_ROUTE_LOCAL ? id_ : route;
+    chi_future_t f = 0;
+    if (chi_status_t s = client_.submit(to, method, input, size, &f); s != CHI_OK) {
+      *status = s;
+      return false;
+    }
+    FutureParts p{};
+    decode_future(f, &p);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      incoming_.push_back(Pending{p.slot, p.gen, slot, gen});
+      if (idle_) cv_.notify_one();
+    }
+    return true;
+  }
+
+ private:
+  struct Pending {
+    uint32_t slot, gen;          // the client's future
+    uint32_t dev_slot, dev_gen;  // the device task it answers
+  };
+
+  // Answers forwarded tasks as their results come, in any order; a server
+  // found gone answers every one CHI_ERR_DISCONNECTED (checked every
+  // disconnect_check_ms while tasks are out).
+  void complete_loop() {
+    pthread_setname_np(pthread_self(), "chi-relay-done");
+    std::vector<unsigned char> out(shape_.payload_stride);
+    const int64_t spin_ns = std::thread::hardware_concurrency() >= 4 ? local_.config().spin_ns : 0;
+    const int64_t check_ns = int64_t(local_.config().disconnect_check_ms) * 1000000;
+    int64_t last_progress = now_ns(), nap_ns = 0;
+    while (!quit_.load(std::memory_order_acquire)) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (out_.empty() && incoming_.empty()) {
+          idle_ = true;
+          cv_.wait_for(lock, std::chrono::milliseconds(100));
+          idle_ = false;
+          last_progress = now_ns();
+          nap_ns = 0;
+        }
+        out_.insert(out_.end(), incoming_.begin(), incoming_.end());
+        incoming_.clear();
+      }
+      bool progress = false;
+      for (size_t i = 0; i < out_.size();) {
+        const Pending p = out_[i];
+        if (!client_.finished(p.slot, p.gen)) {
+          ++i;
+          continue;
+        }
+        size_t n = 0;
+        chi_status_t s = client_.wait(p.slot, p.gen, 0, out.data(), shape_.max_payload, &n);
+        if (s == CHI_ERR_TIMEOUT) {  // not claimable yet (a torn look): next pass
+          ++i;
+          continue;
+        }
+        if (s == CHI_ERR_TOO_LARGE) (void)client_.release(p.slot, p.gen);
+        if (s == CHI_ERR_TOO_LARGE || n > shape_.max_payload) n = 0;
+        poller_->reply(p.dev_slot, p.dev_gen, s, out.data(), n);
+        out_[i] = out_.back();
+        out_.pop_back();
+        progress = true;
+      }
+      const int64_t now = now_ns();
+      if (progress || out_.empty()) {
+        last_progress = now;
+        nap_ns = 0;
+        continue;
+      }
+      if (now - last_progress >= check_ns) {
+        // One look at the session (a system call on shm): gone means every task out is lost.
+        int done = 0;
+        last_progress = now;
+        if (client_.test(out_.front().slot, out_.front().gen, &done) == CHI_ERR_DISCONNECTED) {
+          for (const Pending &p : out_) {
+            (void)client_.release(p.slot, p.gen);
+            poller_->reply(p.dev_slot, p.dev_gen, CHI_ERR_DISCONNECTED, nullptr, 0);
+          }
+          out_.clear();
+          continue;
+        }
+      }
+      if (now - last_progress < spin_ns) {
+        cpu_relax();
+        continue;
+      }
+      nap_ns = std::min<int64_t>(kNapMaxNs, nap_ns ? nap_ns * 2 : 1000);
+      nap(nap_ns);
+    }
+  }
+
+  // chi_dev_release of a GPU->CPU future whose reply had not come leaves the
+  // slot to a sweep (the orchestrator's job in a runtime): while any is
+  // counted, a one-warp kernel frees those whose reply came since.
+  void sweep_loop() {
+    pthread_setname_np(pthread_self(), "chi-relay-sweep");
+    DeviceGuard guard(id_);
+    while (!quit_.load(std::memory_order_acquire)) {
+      nap(kSweepEveryNs);
+      cudaError_t e = cudaMemcpyAsync(released_copy_, layout_.d2h_released, sizeof(uint32_t),
+                                      cudaMemcpyDeviceToHost, stream_);
+      if (e == cudaSuccess) e = cudaStreamSynchronize(stream_);
+      if (e == cudaSuccess && *released_copy_ != 0) {
+        chi_dev_context_t ctx;
+        context(&ctx);
+        e = launch_sweep_released(ctx, stream_);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(stream_);
+      }
+      if (e != cudaSuccess) {
+        log(LogLevel::kError, "GPU %d: client relay's sweep: %s; released device slots stay taken", id_,
+            cudaGetErrorString(e));
+        return;
+      }
+    }
+  }
+
+  Client &client_;
+  Runtime &local_;
+  const int32_t id_;
+  const int32_t ngpus_;
+  Shape shape_;
+  cudaStream_t stream_ = nullptr;
+  uint8_t *pinned_ = nullptr;
+  uint8_t *dev_ = nullptr;
+  uint32_t *released_copy_ = nullptr;  // pinned
+  chi_dev_ctx_layout_t layout_{};
+  std::unique_ptr<CpuPoller> poller_;
+  std::atomic<bool> quit_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool idle_ = false;               // under mu_: the completion thread waits on cv_
+  std::vector<Pending> incoming_;   // under mu_: taken by pollers, not yet seen
+  std::vector<Pending> out_;        // the completion thread's own
+  std::thread done_thread_;
+  std::thread sweep_thread_;
+};
+
+}  // namespace
+}  // namespace gpu
+
+chi_status_t create_client_gpu(Client &client, Runtime &local, int32_t gpu, int32_t ngpus,
+                               std::unique_ptr<ClientGpu> *out) {
+  out->reset();
+  auto r = std::make_unique<gpu::RelayGpu>(client, local, gpu, ngpus);
+  if (chi_status_t s = r->start(); s != CHI_OK) return s;
+  *out = std::move(r);
+  return CHI_OK;
+}
+
+}  // namespace chi

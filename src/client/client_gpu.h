@@ -1,0 +1,36 @@
+// Client kernels that submit (docs/server.md, "Client kernels"): the device
+// context chi_gpu_context gives in a client process, and the relay behind it.
+// The client allocates, in its own CUDA context, the GPU->CPU layout of a
+// runtime's GPU (gpu/d2h_memory.h) marked CHI_DEV_CTX_RELAY, so that every
+// route of its kernels goes through the ring; its poller threads run the
+// client's own handlers or forward the task to the server over the session
+// (Client::submit), many in flight, and write each reply when it comes.
+// Built without CUDA/HIP, create_client_gpu answers CHI_ERR_NO_DEVICE
+// (gpu/gpu_none.cpp).
+#pragma once
+
+#include <memory>
+
+#include "chimaera.h"
+
+namespace chi {
+
+class Client;
+class Runtime;
+
+class ClientGpu {
+ public:
+  // Stops the relay's threads and frees its memory (a device-wide CUDA call:
+  // it waits for the process's kernels).  Tasks still in the ring are not
+  // answered: kernels that use the context must have ended.
+  virtual ~ClientGpu() = default;
+  virtual void context(chi_dev_context_t *ctx) const = 0;
+};
+
+// The relay of server GPU `gpu` (the client's CUDA device of the same
+// ordinal) for `client`; `local` runs the client's own handlers.  ngpus: the
+// server's GPU count (CHI_ROUTE_GPU(n >= ngpus): CHI_ERR_NO_DEVICE on the device).
+chi_status_t create_client_gpu(Client &client, Runtime &local, int32_t gpu, int32_t ngpus,
+                               std::unique_ptr<ClientGpu> *out);
+
+}  // namespace chi

@@ -1,0 +1,496 @@
+/*
+ * Client kernels that submit (docs/server.md, "Client kernels"): kernels of
+ * client processes of a chimaera-server use chi_gpu_context's context on
+ * every route:
+ *   - GPU->CPU to the server's handlers (chi.add, chi.echo, large payloads),
+ *   - GPU->GPU (LOCAL, GPU_ANY, GPU(0)) to the server's orchestrator,
+ *   - GPU->CPU to a handler registered in the client itself,
+ *   - the refusals (method 0, unknown route, GPU out of range, too large,
+ *     unknown method, the client's handler on a GPU route), chi_dev_test,
+ *     chi_dev_release and the warp variants;
+ * over shm:// and ipc://.  Then the deaths: the server SIGKILLed while a
+ * client kernel waits (the kernel gets CHI_ERR_DISCONNECTED, not its
+ * timeout), and a client SIGKILLed while its kernel submits (the server drops
+ * it and serves the next client).  Then 8 clients at once.
+ * One program in several roles (argv[1]); the controller (no argument) never
+ * touches CUDA itself.  Exit 77 without a usable GPU.
+ * Extra roles for scripts/gpu-client-check.sh (not run by ctest):
+ *   share N ADDRESS       N client processes at once, all routes, a rate;
+ *   lat ADDRESS | lat     client (or embedded) kernel round trips, p50/p99.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "chimaera.h"
+#include "chimaera_device.h"
+
+#define WAIT_NS 20000000000ll
+
+/* Test cases of the route kernel. */
+enum { C_CPU_ADD, C_LOCAL_ADD, C_ANY_ECHO, C_GPU0_ADD, C_MINE, C_BIG_ECHO, C_COUNT };
+
+struct Tally {
+  unsigned long long ok;
+  unsigned long long bad;
+  int first_status; /* of the first bad task */
+  int first_case;
+};
+
+__device__ void note_bad(Tally *t, int c, chi_status_t s) {
+  if (atomicAdd(&t->bad, 1ull) == 0) {
+    t->first_status = s;
+    t->first_case = c;
+  }
+}
+
+__device__ uint8_t pat(uint64_t seed, uint32_t i) { return (uint8_t)((seed * 0x9E3779B97F4A7C15ull + i * 131u) >> 56); }
+
+/* Every thread: iters tasks, case (thread + i) % C_COUNT. */
+__global__ void k_routes(chi_dev_context_t ctx, chi_method_t add, chi_method_t echo, chi_method_t mine,
+                         uint32_t iters, Tally *t) {
+  const uint32_t tid = blockIdx.x * blockDim.x + threadIdx.x;
+  uint8_t in[320], out[320];
+  for (uint32_t i = 0; i < iters; ++i) {
+    const int c = (int)((tid + i) % C_COUNT);
+    const uint64_t a = ((uint64_t)tid << 20) + i, b = 0x1234567ull + i;
+    chi_route_t route = CHI_ROUTE_CPU;
+    chi_method_t m = add;
+    uint32_t n = 16;
+    memcpy(in, &a, 8);
+    memcpy(in + 8, &b, 8);
+    switch (c) {
+      case C_LOCAL_ADD: route = CHI_ROUTE_LOCAL; break;
+      case C_ANY_ECHO: route = CHI_ROUTE_GPU_ANY; m = echo; n = 40; break;
+      case C_GPU0_ADD: route = CHI_ROUTE_GPU(0); break;
+      case C_MINE: m = mine; n = 8; break;
+      case C_BIG_ECHO: m = echo; n = 300; break;
+      default: break;
+    }
+    if (m == echo)
+      for (uint32_t k = 0; k < n; ++k) in[k] = pat(a, k);
+    chi_future_t f;
+    uint32_t on = 0;
+    chi_status_t s = chi_dev_submit(&ctx, route, m, in, n, &f);
+    if (s == CHI_OK) s = chi_dev_wait(&ctx, f, WAIT_NS, out, sizeof out, &on);
+    bool right = s == CHI_OK;
+    if (right && m == add) {
+      uint64_t sum;
+      memcpy(&sum, out, 8);
+      right = on == 8 && sum == a + b;
+    } else if (right && m == mine) {
+      uint64_t v;
+      memcpy(&v, out, 8);
+      right = on == 8 && v == 3 * a;
+    } else if (right) {
+      right = on == n;
+      for (uint32_t k = 0; right && k < n; ++k) right = out[k] == in[k];
+    }
+    if (right) atomicAdd(&t->ok, 1ull);
+    else note_bad(t, c, s);
+  }
+}
+
+__device__ uint8_t g_big[1u << 16];
+
+/* One thread: the statuses, test and release; warp variants by warp 1. */
+__global__ void k_edges(chi_dev_context_t ctx, chi_method_t add, chi_method_t mine, int32_t ngpus, int *res) {
+  const uint32_t lane = threadIdx.x % 32u, warp = threadIdx.x / 32u;
+  uint64_t in[2] = {40, 2};
+  uint8_t out[16];
+  uint32_t on = 0;
+  chi_future_t f;
+  if (warp == 0 && lane == 0) {
+    int k = 0;
+    res[k++] = chi_dev_submit(&ctx, CHI_ROUTE_CPU, 0, in, 16, &f);                 /* INVALID */
+    res[k++] = chi_dev_submit(&ctx, -7, add, in, 16, &f);                          /* INVALID */
+    res[k++] = chi_dev_submit(&ctx, CHI_ROUTE_GPU(ngpus), add, in, 16, &f);        /* NO_DEVICE */
+    res[k++] = chi_dev_submit(&ctx, CHI_ROUTE_CPU, add, g_big, sizeof g_big, &f);  /* TOO_LARGE */
+    chi_status_t s = chi_dev_submit(&ctx, CHI_ROUTE_CPU, 0x3FFFFF00u, in, 16, &f); /* a method nobody has */
+    res[k++] = s == CHI_OK ? chi_dev_wait(&ctx, f, WAIT_NS, out, sizeof out, &on) : 100 + s; /* NOT_FOUND */
+    s = chi_dev_submit(&ctx, CHI_ROUTE_LOCAL, mine, in, 8, &f); /* the client's handler on a GPU route */
+    res[k++] = s == CHI_OK ? chi_dev_wait(&ctx, f, WAIT_NS, out, sizeof out, &on) : 100 + s; /* NOT_FOUND */
+    /* test until done, then wait */
+    s = chi_dev_submit(&ctx, CHI_ROUTE_CPU, add, in, 16, &f);
+    int done = 0;
+    while (s == CHI_OK && !done) s = chi_dev_test(&ctx, f, &done);
+    if (s == CHI_OK) s = chi_dev_wait(&ctx, f, WAIT_NS, out, sizeof out, &on);
+    uint64_t sum = 0;
+    memcpy(&sum, out, 8);
+    res[k++] = s == CHI_OK && on == 8 && sum == 42 ? 0 : 200 + s;
+    /* release: pending and done, each route; the future is consumed */
+    int rel = 0;
+    for (int r = 0; r < 400; ++r) {
+      chi_route_t route = r % 2 ? CHI_ROUTE_LOCAL : CHI_ROUTE_CPU;
+      if (chi_dev_submit(&ctx, route, add, in, 16, &f) != CHI_OK) { rel = 300; break; }
+      if (r % 3 == 0) {
+        int d = 0;
+        while (!d && chi_dev_test(&ctx, f, &d) == CHI_OK) {
+        }
+      }
+      if (chi_dev_release(&ctx, f) != CHI_OK) { rel = 301; break; }
+      if (chi_dev_wait(&ctx, f, 0, out, sizeof out, &on) != CHI_ERR_INVALID) { rel = 302; break; }
+    }
+    res[k++] = rel;
+    res[31] = k;
+  }
+  if (warp == 1) {
+    /* warp variants: every lane, lanes 0..15 active on CPU, 16..31 LOCAL */
+    uint64_t w[2] = {lane, 1000};
+    chi_route_t route = lane < 16 ? CHI_ROUTE_CPU : CHI_ROUTE_LOCAL;
+    int bad = 0;
+    for (int r = 0; r < 2; ++r) {
+      const chi_route_t rr = r ? route : CHI_ROUTE_CPU;
+      chi_status_t s = chi_dev_warp_submit(&ctx, rr, add, w, 16, lane % 3 != 2, &f);
+      chi_status_t s2 = chi_dev_warp_wait(&ctx, f, WAIT_NS, out, sizeof out, &on, lane % 3 != 2 && s == CHI_OK);
+      uint64_t v = 0;
+      memcpy(&v, out, 8);
+      if (lane % 3 != 2 && (s != CHI_OK || s2 != CHI_OK || on != 8 || v != lane + 1000)) bad = 1;
+    }
+    if (__any_sync(0xFFFFFFFFu, bad) && lane == 0) res[30] = 1;
+  }
+}
+
+static chi_status_t triple(chi_request_t *req, void *) {
+  if (req->input_size != 8 || req->output_capacity < 8 || req->source != 0) return -1001;
+  uint64_t v;
+  memcpy(&v, req->input, 8);
+  v *= 3;
+  memcpy(req->output, &v, 8);
+  req->output_size = 8;
+  return CHI_OK;
+}
+
+static chi_runtime_t *connect(const char *address) {
+  chi_config_t cfg;
+  chi_config_init(&cfg);
+  cfg.mode = address ? CHI_MODE_CLIENT : CHI_MODE_EMBEDDED;
+  cfg.server_address = address;
+  chi_runtime_t *rt = NULL;
+  if (chi_init(&cfg, &rt) != CHI_OK) {
+    fprintf(stderr, "chi_init(%s): %s\n", address ? address : "embedded", chi_last_error_message());
+    return NULL;
+  }
+  return rt;
+}
+
+/* A client: every route from a kernel, then the edge cases.  0 ok, 1 bad, 77 no GPU. */
+static int client_routes(const char *address, uint32_t blocks, uint32_t iters, bool edges) {
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) return 77;
+  chi_runtime_t *rt = connect(address);
+  if (!rt) return 1;
+  chi_dev_context_t ctx;
+  chi_status_t s = chi_gpu_context(rt, 0, &ctx);
+  if (s == CHI_ERR_NO_DEVICE) {
+    fprintf(stderr, "chi_gpu_context: %s\n", chi_last_error_message());
+    chi_finalize(rt);
+    return 77;
+  }
+  chi_method_t add = 0, echo = 0, mine = 0;
+  int32_t ngpus = 0;
+  if (s != CHI_OK || chi_method_lookup(rt, "chi.add", &add) != CHI_OK ||
+      chi_method_lookup(rt, "chi.echo", &echo) != CHI_OK ||
+      chi_register_handler(rt, "test.triple", triple, NULL, &mine) != CHI_OK || chi_gpu_count(rt, &ngpus) != CHI_OK) {
+    fprintf(stderr, "setup: %s\n", chi_last_error_message());
+    return 1;
+  }
+  Tally *t = NULL;
+  int *res = NULL;
+  if (cudaMallocManaged(&t, sizeof *t) != cudaSuccess || cudaMallocManaged(&res, 32 * sizeof(int)) != cudaSuccess) return 1;
+  memset(t, 0, sizeof *t);
+  memset(res, 0, 32 * sizeof(int));
+  auto t0 = std::chrono::steady_clock::now();
+  k_routes<<<blocks, 128>>>(ctx, add, echo, mine, iters, t);
+  cudaError_t e = cudaDeviceSynchronize();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int rc = 0;
+  const unsigned long long want = (unsigned long long)blocks * 128 * iters;
+  printf("# %s: %llu of %llu tasks right (%llu wrong, first: case %d status %d) in %.3f s: %.0f tasks/s\n",
+         address, t->ok, want, t->bad, t->first_case, t->first_status, secs, t->ok / secs);
+  if (e != cudaSuccess || t->ok != want) rc = 1;
+  if (edges && rc == 0) {
+    k_edges<<<1, 64>>>(ctx, add, mine, ngpus, res);
+    e = cudaDeviceSynchronize();
+    const int expect[] = {CHI_ERR_INVALID, CHI_ERR_INVALID, CHI_ERR_NO_DEVICE, CHI_ERR_TOO_LARGE,
+                          CHI_ERR_NOT_FOUND, CHI_ERR_NOT_FOUND, 0, 0};
+    const int n = (int)(sizeof expect / sizeof expect[0]);
+    if (e != cudaSuccess || res[31] != n || res[30] != 0) {
+      fprintf(stderr, "%s: edges kernel: %s, %d cases, warp variants %s\n", address, cudaGetErrorString(e), res[31],
+              res[30] ? "wrong" : "right");
+      rc = 1;
+    }
+    for (int i = 0; i < n && i < res[31]; ++i)
+      if (res[i] != expect[i]) {
+        fprintf(stderr, "%s: edge case %d: %d, want %d\n", address, i, res[i], expect[i]);
+        rc = 1;
+      }
+  }
+  if (chi_finalize(rt) != CHI_OK) rc = 1;
+  cudaFree(t);
+  cudaFree(res);
+  return rc;
+}
+
+/* Runs until a task fails: progress in *count (mapped), the failing status in *why. */
+__global__ void k_until_failure(chi_dev_context_t ctx, chi_method_t add, volatile unsigned long long *count,
+                                volatile int *why) {
+  uint64_t in[2] = {1, 2};
+  uint8_t out[16];
+  uint32_t on;
+  for (uint64_t i = 0;; ++i) {
+    chi_future_t f;
+    chi_status_t s = chi_dev_submit(&ctx, i % 2 ? CHI_ROUTE_LOCAL : CHI_ROUTE_CPU, add, in, 16, &f);
+    if (s == CHI_OK) s = chi_dev_wait(&ctx, f, WAIT_NS, out, sizeof out, &on);
+    if (s != CHI_OK) {
+      *why = s;
+      __threadfence_system();
+      return;
+    }
+    *count = i + 1;
+  }
+}
+
+/* A client whose kernel submits until something fails; "R" on stdout once it
+ * runs.  Exit 0 when the failure was CHI_ERR_DISCONNECTED. */
+static int client_until_failure(const char *address) {
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) return 77;
+  chi_runtime_t *rt = connect(address);
+  chi_dev_context_t ctx;
+  chi_method_t add;
+  if (!rt || chi_gpu_context(rt, 0, &ctx) != CHI_OK || chi_method_lookup(rt, "chi.add", &add) != CHI_OK) return 1;
+  unsigned long long *count;
+  int *why;
+  if (cudaHostAlloc(&count, sizeof *count, cudaHostAllocMapped) != cudaSuccess ||
+      cudaHostAlloc(&why, sizeof *why, cudaHostAllocMapped) != cudaSuccess)
+    return 1;
+  *count = 0;
+  *why = 0;
+  cudaStream_t st;
+  cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  k_until_failure<<<1, 1, 0, st>>>(ctx, add, count, why);
+  while (*(volatile unsigned long long *)count < 100 && *(volatile int *)why == 0) usleep(1000);
+  printf("R\n");
+  fflush(stdout);
+  cudaError_t e = cudaStreamSynchronize(st);
+  const int s = *(volatile int *)why;
+  fprintf(stderr, "# kernel ended after %llu tasks with status %d (%s)\n", *count, s, chi_status_string(s));
+  chi_finalize(rt);
+  return e == cudaSuccess && s == CHI_ERR_DISCONNECTED ? 0 : 1;
+}
+
+/* Round trips of one thread, globaltimer; p50/p99 printed by the host. */
+__global__ void k_lat(chi_dev_context_t ctx, chi_route_t route, chi_method_t echo, uint32_t n, uint64_t *ns, int *bad) {
+  uint8_t in[64], out[64];
+  for (int i = 0; i < 64; ++i) in[i] = (uint8_t)i;
+  for (uint32_t i = 0; i < n; ++i) {
+    uint64_t t0, t1;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    chi_future_t f;
+    uint32_t on = 0;
+    chi_status_t s = chi_dev_submit(&ctx, route, echo, in, 64, &f);
+    if (s == CHI_OK) s = chi_dev_wait(&ctx, f, WAIT_NS, out, sizeof out, &on);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+    if (s != CHI_OK || on != 64) ++*bad;
+    ns[i] = t1 - t0;
+  }
+}
+
+static uint32_t gt_n() {
+  const char *s = getenv("CHI_TEST_LAT_N");
+  long v = s ? strtol(s, NULL, 10) : 0;
+  return v > 0 ? (uint32_t)v : 20000u;
+}
+
+static int latency(const char *address) {
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) return 77;
+  chi_runtime_t *rt = connect(address);
+  chi_dev_context_t ctx;
+  chi_method_t echo;
+  if (!rt || chi_gpu_context(rt, 0, &ctx) != CHI_OK || chi_method_lookup(rt, "chi.echo", &echo) != CHI_OK) {
+    fprintf(stderr, "lat: %s\n", chi_last_error_message());
+    return 1;
+  }
+  const uint32_t warm = 2000, n = gt_n();
+  uint64_t *ns;
+  int *bad;
+  cudaMallocManaged(&ns, sizeof(uint64_t) * (warm + n));
+  cudaMallocManaged(&bad, sizeof(int));
+  int rc = 0;
+  const struct { const char *name; chi_route_t route; } rows[] = {{"gpu0->cpu", CHI_ROUTE_CPU},
+                                                                   {"gpu0->local (GPU->GPU)", CHI_ROUTE_LOCAL}};
+  for (const auto &r : rows) {
+    *bad = 0;
+    cudaStream_t st;
+    cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+    k_lat<<<1, 1, 0, st>>>(ctx, r.route, echo, warm + n, ns, bad);
+    if (cudaStreamSynchronize(st) != cudaSuccess || *bad) rc = 1;
+    cudaStreamDestroy(st);
+    std::vector<uint64_t> v(ns + warm, ns + warm + n);
+    std::sort(v.begin(), v.end());
+    printf("%-8s %-24s n=%u p50=%.2f us p99=%.2f us bad=%d\n", address ? "client" : "embedded", r.name, n,
+           v[n / 2] / 1000.0, v[n * 99 / 100] / 1000.0, *bad);
+  }
+  chi_finalize(rt);
+  return rc;
+}
+
+static pid_t spawn(const std::vector<std::string> &args, int *out_fd) {
+  int fds[2] = {-1, -1};
+  if (out_fd && pipe(fds) != 0) return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (out_fd) {
+      dup2(fds[1], STDOUT_FILENO);
+      close(fds[0]);
+      close(fds[1]);
+    }
+    std::vector<char *> argv;
+    for (const auto &a : args) argv.push_back(const_cast<char *>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  if (out_fd) {
+    close(fds[1]);
+    *out_fd = fds[0];
+  }
+  return pid;
+}
+
+static int wait_status(pid_t pid) {
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+  nanosleep(&ts, NULL);
+}
+
+/* A server on shm:// and ipc://; false if it does not answer. */
+static bool start_server(const char *shm, const char *ipc, pid_t *pid) {
+  *pid = spawn({CHI_SERVER_PATH, "--listen", shm, "--listen", ipc, "--workers", "2"}, nullptr);
+  char reply[256];
+  size_t len = 0;
+  for (int i = 0; i < 300; ++i) {
+    if (chi_server_query(shm, "ping", reply, sizeof reply, &len) == CHI_OK) return true;
+    sleep_ms(50);
+  }
+  return false;
+}
+
+/* Waits for "R" from a child's stdout. */
+static bool ready(int fd) {
+  char c = 0;
+  while (read(fd, &c, 1) == 1)
+    if (c == 'R') return true;
+  return false;
+}
+
+static int share(const std::string &self, int n, const char *address) {
+  std::vector<pid_t> kids;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < n; ++i) kids.push_back(spawn({self, "routes", address, "16", "200"}, nullptr));
+  int rc = 0;
+  for (pid_t k : kids) rc |= wait_status(k);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  printf("# share: %d clients x 16 blocks x 128 threads x 200 tasks, every route: %s, %.2f s (processes "
+         "included), %.0f tasks/s\n",
+         n, rc ? "FAILED" : "all right", secs, n * 16.0 * 128 * 200 / secs);
+  return rc ? 1 : 0;
+}
+
+static int controller(const std::string &self) {
+  char shm[96], ipc[128];
+  snprintf(shm, sizeof shm, "shm://chi-client-gpu-%d", (int)getpid());
+  snprintf(ipc, sizeof ipc, "ipc:///tmp/chi-client-gpu-%d.ipc", (int)getpid());
+  pid_t srv;
+  if (!start_server(shm, ipc, &srv)) {
+    fprintf(stderr, "chimaera-server did not answer\n");
+    kill(srv, SIGKILL);
+    wait_status(srv);
+    return 1;
+  }
+  char status[8192];
+  size_t slen = 0;
+  if (chi_server_query(shm, "status-json", status, sizeof status, &slen) == CHI_OK && strstr(status, "\"gpus\":0")) {
+    kill(srv, SIGTERM);
+    wait_status(srv);
+    return 77;
+  }
+  int rc = 0;
+  for (const char *a : {(const char *)shm, (const char *)ipc}) {
+    const int r = wait_status(spawn({self, "routes", a, "8", "50", "edges"}, nullptr));
+    printf("# routes over %s: exit %d\n", a, r);
+    if (r == 77) rc = rc ? rc : 77;
+    else if (r) rc = 1;
+  }
+  if (rc == 0) {
+    /* A client dies while its kernel submits: the server drops it and serves the next. */
+    int fd;
+    pid_t hog = spawn({self, "until-failure", shm}, &fd);
+    if (!ready(fd)) rc = 1;
+    kill(hog, SIGKILL);
+    wait_status(hog);
+    close(fd);
+    bool dropped = false;
+    for (int i = 0; i < 400 && !dropped; ++i) {
+      dropped = chi_server_query(shm, "status-json", status, sizeof status, &slen) == CHI_OK &&
+                strstr(status, "\"clients\":[]") != NULL;
+      if (!dropped) sleep_ms(50);
+    }
+    const int r = wait_status(spawn({self, "routes", shm, "4", "20"}, nullptr));
+    printf("# client SIGKILLed mid-kernel: server dropped it %s, next client exit %d\n", dropped ? "yes" : "NO", r);
+    if (!dropped || r) rc = 1;
+  }
+  if (rc == 0) rc = share(self, 8, shm);
+  if (rc == 0) {
+    /* The server dies while a client kernel waits: CHI_ERR_DISCONNECTED, not the timeout. */
+    for (const char *a : {(const char *)shm, (const char *)ipc}) {
+      int fd;
+      pid_t victim = spawn({self, "until-failure", a}, &fd);
+      if (!ready(fd)) rc = 1;
+      kill(srv, SIGKILL);
+      wait_status(srv);
+      const int r = wait_status(victim);
+      close(fd);
+      printf("# server SIGKILLed under a client kernel (%s): client exit %d\n", a, r);
+      if (r) rc = 1;
+      if (!start_server(shm, ipc, &srv)) rc = 1;
+    }
+  }
+  kill(srv, SIGTERM);
+  wait_status(srv);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IONBF, 0);
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return 1;
+  self[n] = 0;
+  if (argc >= 5 && !strcmp(argv[1], "routes"))
+    return client_routes(argv[2], (uint32_t)atoi(argv[3]), (uint32_t)atoi(argv[4]), argc >= 6);
+  if (argc >= 3 && !strcmp(argv[1], "until-failure")) return client_until_failure(argv[2]);
+  if (argc >= 4 && !strcmp(argv[1], "share")) return share(self, atoi(argv[2]), argv[3]);
+  if (argc >= 2 && !strcmp(argv[1], "lat")) return latency(argc >= 3 ? argv[2] : NULL);
+  return controller(self);
+}
