@@ -3,13 +3,22 @@
 # --gpu on; docs/reliability.md) on the GPU machine, after scripts/gpu-run.sh
 # built BUILD_DIR (default build-gpu) with CUDA:
 #
-#   device: run(command="GPU_RUN_STEPS=build bash scripts/gpu-run.sh && bash scripts/gpu-soak.sh 7",
+#   device: run(command="GPU_RUN_STEPS=build bash scripts/gpu-run.sh && bash scripts/gpu-soak.sh 6",
 #               carry=[".devdeps"])
 #
-# MINUTES may be a fraction (0.5); one device command runs at most 600 s, so
-# with the build in the same command MINUTES 7 is about the most that fits
-# (the soak ends 30-90 s after its deadline: the last clients, the checks,
-# the archive).  The run directory (logs, ledgers) is under /tmp; what comes
+# MINUTES may be a fraction (0.5).  One device command runs at most 600 s:
+# the soak ends about 30-60 s after its deadline (the last clients, the
+# checks, the archive) and is killed GPU_SOAK_MARGIN_S (default 150) after
+# it, so with the build in the same command 6 minutes fit.  Longer soaks run
+# detached, across two commands (the second within the machine's 30 s idle
+# time):
+#   device: run("GPU_RUN_STEPS=build bash scripts/gpu-run.sh && bash scripts/gpu-soak.sh --detach 10 &&
+#                GPU_SOAK_WAIT_S=480 bash scripts/gpu-soak.sh --collect", carry=[".devdeps"])
+#   device: run("bash scripts/gpu-soak.sh --collect")   # waits up to 570 s more
+# --detach starts the soak in a session of its own (setsid: it outlives the
+# command) and returns; --collect waits for it (GPU_SOAK_WAIT_S, default 570)
+# and puts its files in $OUT, or exits 75 when it still runs.
+# The run directory (logs, ledgers) is under /tmp; what comes
 # back is in $OUT, five files at most with gpu-run.sh's: soak-summary.txt
 # (also appended to $OUT/summary.txt when gpu-run.sh left one), soak-logs.tar.gz
 # (the run directory without its ledgers: summary, checks, rss.csv,
@@ -19,13 +28,37 @@
 # unpacked by gpu-deps.sh), else a python3 stand-in for the few filters
 # soak.sh uses.
 # Environment: OUT (default /tmp/chi-gpu-soak-out), GPU_SOAK_ARGS (more
-# soak.sh arguments, e.g. "--gpu-chaos 2").
+# soak.sh arguments, e.g. "--gpu-chaos 2"), GPU_SOAK_MARGIN_S, GPU_SOAK_WAIT_S.
 # Exit status: soak.sh's (0 passed, 1 a check failed), 2 usage or no build,
-# 124 the soak outran its bound (its deadline + 300 s).
+# 124 the soak outran its bound, 75 (--collect) still running.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 usage() { sed -n '2,2p' "$0" | sed 's/^# //' >&2; exit 2; }
 [ $# -ge 1 ] || usage
+KEEP=/tmp/chi-gpu-soak-keep
+if [ "$1" = --detach ]; then
+  shift
+  [ $# -ge 1 ] || usage
+  rm -rf "$KEEP" && mkdir -p "$KEEP/out" || exit 2
+  OUT=$KEEP/out GPU_SOAK_MARGIN_S=${GPU_SOAK_MARGIN_S:-300} setsid bash "$PWD/scripts/gpu-soak.sh" "$@" >"$KEEP/console" 2>&1 </dev/null &
+  echo "gpu-soak.sh: started detached (pid $!): $*; collect with: bash scripts/gpu-soak.sh --collect"
+  exit 0
+fi
+if [ "$1" = --collect ]; then
+  OUT=${OUT:-/tmp/chi-gpu-soak-out}
+  mkdir -p "$OUT"
+  [ -d "$KEEP" ] || { echo "gpu-soak.sh --collect: no detached soak ($KEEP)" >&2; exit 2; }
+  t0=$(date +%s)
+  while [ ! -f "$KEEP/rc" ] && [ $(( $(date +%s) - t0 )) -lt "${GPU_SOAK_WAIT_S:-570}" ]; do sleep 2; done
+  if [ ! -f "$KEEP/rc" ]; then
+    echo "gpu-soak.sh --collect: the soak still runs after $(( $(date +%s) - t0 )) s; call --collect again (within 30 s). Its console:"
+    tail -n 15 "$KEEP/console"
+    exit 75
+  fi
+  cp "$KEEP"/out/* "$OUT"/ 2>/dev/null
+  cat "$KEEP/out/soak-summary.txt"
+  exit "$(cat "$KEEP/rc")"
+fi
 SOAK_S=$(awk -v m="$1" 'BEGIN { if (m !~ /^[0-9]*\.?[0-9]+$/) exit; s = int(m * 60 + 0.5); if (s >= 10) print s }')
 [ -n "$SOAK_S" ] || { echo "gpu-soak.sh: MINUTES: a number, at least 10 s worth" >&2; usage; }
 BUILD=${2:-build-gpu}
@@ -97,11 +130,12 @@ cat "$SUM"
 t0=$(date +%s)
 # ${GPU_SOAK_ARGS} unquoted on purpose: several arguments.
 # shellcheck disable=SC2086
-timeout -k 20 $(( SOAK_S + 300 )) bash scripts/soak.sh --seconds "$SOAK_S" --build "$BUILD" --out "$RUN" \
+MARGIN_S=${GPU_SOAK_MARGIN_S:-150}
+timeout -k 10 $(( SOAK_S + MARGIN_S )) bash scripts/soak.sh --seconds "$SOAK_S" --build "$BUILD" --out "$RUN" \
   --gpu on ${GPU_SOAK_ARGS:-} >"$OUT/soak-console.tmp" 2>&1
 rc=$?
 echo "soak.sh exit status $rc after $(( $(date +%s) - t0 )) s" >>"$OUT/soak-console.tmp"
-[ "$rc" = 124 ] && echo "FAIL: soak.sh outran its bound ($(( SOAK_S + 300 )) s): killed" >>"$OUT/soak-console.tmp"
+[ "$rc" = 124 ] && echo "FAIL: soak.sh outran its bound ($(( SOAK_S + MARGIN_S )) s): killed" >>"$OUT/soak-console.tmp"
 
 # The summary: the run's own (the last lines of the console when it did
 # not get that far), then the FAIL lines.
@@ -109,8 +143,11 @@ if [ -s "$RUN/summary.txt" ]; then
   sed -n '/^== soak summary/,$p' "$RUN/summary.txt" >>"$SUM"
   grep -h '^FAIL' "$RUN/summary.txt" | sort -u >>"$SUM"
 fi
-grep -q '^== soak summary' "$SUM" || tail -40 "$OUT/soak-console.tmp" >>"$SUM"
-tail -2 "$OUT/soak-console.tmp" >>"$SUM"
+if grep -q '^== soak summary' "$SUM"; then
+  tail -n 2 "$OUT/soak-console.tmp" >>"$SUM"
+else
+  tail -n 40 "$OUT/soak-console.tmp" >>"$SUM"
+fi
 
 # The archive: the run directory without the ledgers (sparse, up to
 # hundreds of GB apparent size), the console log inside it.
@@ -131,4 +168,6 @@ echo "archive: $(basename "$TAR") $(du -h "$TAR" | cut -f1)" >>"$SUM"
 echo
 echo "==== gpu-soak summary ===="
 cat "$SUM"
+# For --collect (a detached run): the status, last.
+[ "$OUT" = "$KEEP/out" ] && echo "$rc" >"$KEEP/rc"
 exit "$rc"
