@@ -27,7 +27,7 @@ __device__ chi_status_t record_gpu(chi_dev_request_t *req) {
   chi_future_t f = 0;
   chi_status_t s = chi_dev_submit(req->ctx, CHI_ROUTE_CPU, req->method, in, req->input_size, &f);
   if (s != CHI_OK) return s;
-  uint64_t out[2] = {0, 0};
+  alignas(16) uint64_t out[2] = {0, 0};
   uint32_t n = 0;
   s = chi_dev_wait(req->ctx, f, kInnerWaitNs, out, sizeof out, &n);
   if (s == CHI_ERR_TIMEOUT || s == CHI_ERR_TOO_LARGE) {
