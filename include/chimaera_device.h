@@ -168,7 +168,6 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
   if (!open_future(ctx, future, &l, &kind, &gen, &slot)) return CHI_ERR_INVALID;
   const uint64_t t0 = chi_port::timer_ns();
   const uint32_t spin_ns = l->wait_spin_ns;
-  uint32_t polls = 0;
   if (kind == kKindLocal) {
     uint32_t *state = l->d2d_state + slot;
     for (;;) {
@@ -212,7 +211,7 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
           for (uint32_t b = 0; b < (osize & 15u); ++b) ob[b] = static_cast<uint8_t>(tw[b / 4u] >> (8u * (b & 3u)));
         }
       } else {
-        thread_copy(output, obuf, osize);
+        thread_copy(output, obuf, osize, true);
       }
     }
     if (output_size) *output_size = osize;
@@ -222,96 +221,33 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
     return status;
   }
 
-  /* GPU->CPU: the reply is in host memory.  The first polls also read the
-   * inline output, so a quick reply costs one PCIe round trip; later polls
-   * read the header only, to spare the bus when thousands of warps wait. */
+  /* GPU->CPU: the reply is in host memory.  Polls read its header only (one
+   * 16-byte load per PCIe round trip, which spares the bus when thousands
+   * of warps wait); once it carries this generation, the output is read
+   * with all its loads in flight (take_reply_output). */
   uint32_t *state = l->d2h_state + slot;
   const uint64_t *rec = l->d2h_reply + static_cast<uint64_t>(slot) * CHI_DEV_LL_WORDS;
-  const uint32_t want = output ? static_cast<uint32_t>(round_words(output_capacity < CHI_DEV_LL_INLINE ? output_capacity : CHI_DEV_LL_INLINE)) : 0u;
-  uint64_t w[30] = {};
-  uint32_t have = 0;
   /* The state check (device memory) overlaps the first read of the reply (host memory). */
   const uint32_t s = chi_port::ld_relaxed_dev(state);
-  uint32_t nd = want;
-  bool got = read_reply(rec, gen, nd, w);
+  uint64_t ha, hb;
+  chi_port::ll_load16(rec, &ha, &hb);
   if (s != ((gen << 8) | CHI_DEV_SLOT_SUBMITTED)) return CHI_ERR_INVALID;
-  while (!got) {
+  while (ll_flag(ha) != gen || ll_flag(hb) != gen) {
     const uint64_t waited = chi_port::timer_ns() - t0;
     if (timeout_ns == 0 || (timeout_ns > 0 && waited >= static_cast<uint64_t>(timeout_ns)))
       return CHI_ERR_TIMEOUT;
     wait_pause(waited, spin_ns);
-    ++polls;
-    nd = polls < 16u ? want : 0u;
-    got = read_reply(rec, gen, nd, w);
+    chi_port::ll_load16(rec, &ha, &hb);
   }
-  have = nd;
-  const chi_status_t status = static_cast<chi_status_t>(ll_data(w[28]));
-  const uint32_t osize = ll_data(w[29]);
+  const chi_status_t status = static_cast<chi_status_t>(ll_data(ha));
+  const uint32_t osize = ll_data(hb);
   if (output && osize > output_capacity) {
     if (output_size) *output_size = osize;
     return CHI_ERR_TOO_LARGE;
   }
   uint32_t expect = (gen << 8) | CHI_DEV_SLOT_SUBMITTED;
   if (!chi_port::cas_relaxed_dev(state, &expect, (gen << 8) | CHI_DEV_SLOT_CLAIMED)) return CHI_ERR_INVALID;
-  if (output && osize) {
-    uint8_t *out = static_cast<uint8_t *>(output);
-    if (osize <= CHI_DEV_LL_INLINE) {
-      const uint32_t nw = static_cast<uint32_t>(round_words(osize));
-      /* Seen on a header-only poll: all data words in one round trip, not one per pair. */
-      if (have < nw) {
-        read_reply(rec, gen, want, w);
-        have = want;
-      }
-      /* PCIe reads may pass each other, so a poll that found the new header
-       * can hold older data words: read those again, all in one round trip,
-       * until every one has landed (the header was written last). */
-      for (;;) {
-        uint32_t stale = 0;
-#pragma unroll
-        for (uint32_t k = 0; k < (CHI_DEV_LL_WORDS - CHI_DEV_LL_HEADER) / 2u; ++k)
-          if (2u * k < nw && (ll_flag(w[2u * k]) != gen || (2u * k + 1u < nw && ll_flag(w[2u * k + 1u]) != gen)))
-            stale |= 1u << k;
-        if (!stale) break;
-#pragma unroll
-        for (uint32_t k = 0; k < (CHI_DEV_LL_WORDS - CHI_DEV_LL_HEADER) / 2u; ++k)
-          if (stale & (1u << k)) chi_port::ll_load16(rec + CHI_DEV_LL_HEADER + 2u * k, &w[2u * k], &w[2u * k + 1u]);
-      }
-#pragma unroll
-      for (uint32_t k = 0; k < (CHI_DEV_LL_WORDS - CHI_DEV_LL_HEADER) / 2u; ++k) {
-        if (2u * k >= nw) break;
-        store_word(out, 8u * k, osize, ll_data(w[2u * k]));
-        if (2u * k + 1u < nw) store_word(out, 8u * k + 4u, osize, ll_data(w[2u * k + 1u]));
-      }
-    } else {
-      /* Out of host memory, kCopyBatch PCIe reads in flight at a time (a
-       * load-store loop would pay a whole round trip per 16 bytes). */
-      chi_port::fence_acquire_sys();
-      const uint64_t *src = reinterpret_cast<const uint64_t *>(l->d2h_buf + static_cast<uint64_t>(slot) * l->payload_stride);
-      uint32_t i = 0;
-      while (i + 16u <= osize) {
-        uint64_t a[kCopyBatch], b[kCopyBatch];
-        const uint32_t k_n = (osize - i) / 16u < kCopyBatch ? (osize - i) / 16u : kCopyBatch;
-#pragma unroll
-        for (uint32_t k = 0; k < kCopyBatch; ++k)
-          if (k < k_n) chi_port::ll_load16(src + i / 8u + 2u * k, &a[k], &b[k]);
-#pragma unroll
-        for (uint32_t k = 0; k < kCopyBatch; ++k) {
-          if (k >= k_n) break;
-          const uint32_t o = i + 16u * k;
-          store_word(out, o, osize, static_cast<uint32_t>(a[k]));
-          store_word(out, o + 4u, osize, static_cast<uint32_t>(a[k] >> 32));
-          store_word(out, o + 8u, osize, static_cast<uint32_t>(b[k]));
-          store_word(out, o + 12u, osize, static_cast<uint32_t>(b[k] >> 32));
-        }
-        i += 16u * k_n;
-      }
-      for (; i < osize; i += 8u) {
-        uint64_t a = chi_port::ll_load8(src + i / 8u);
-        store_word(out, i, osize, static_cast<uint32_t>(a));
-        if (i + 4u < osize) store_word(out, i + 4u, osize, static_cast<uint32_t>(a >> 32));
-      }
-    }
-  }
+  if (output && osize) take_reply_output(l, slot, gen, static_cast<uint8_t *>(output), osize);
   if (output_size) *output_size = osize;
   bitmap_free(l->d2h_bitmap, slot); /* the slot stays CLAIMED until reused */
   return status;

@@ -9,7 +9,9 @@
 #   device: run(command="bash scripts/gpu-run.sh", carry=[".devdeps"])
 #
 # Environment: GPU_RUN_STEPS (default "build test timing sanitize cputest";
-# "ctestgpu": the whole `ctest -L gpu` with defaults)
+# "ctestgpu": the whole `ctest -L gpu` with defaults; "breakdown": gpu_breakdown,
+# where each route's time goes; "payloads": chimaera-bench at 8, 64, 1024 and
+# 4096 bytes, bench-pN.txt and bench-pN.json each, tarred)
 # picks steps; GPU_RUN_JOBS (default 16); GPU_RUN_BUDGET (seconds, default
 # 250): each step is bounded by what is left of it and skipped (with a note)
 # when too little is, so a run under a short device lease still reports.
@@ -82,6 +84,31 @@ if has ctestgpu && enough 60 "ctest -L gpu"; then
   (cd "$BUILD" && timeout "$(bound 400)" ctest -L gpu --output-on-failure) >"$OUT/ctest-L-gpu.log" 2>&1
   note "ctest -L gpu, defaults ($(( $(date +%s) - s0 )) s):"
   grep -E "Test +#|tests passed|tests failed|watchdog" "$OUT/ctest-L-gpu.log" | sed 's/^ *//' | tee -a "$SUMMARY"
+fi
+
+if has breakdown && enough 60 "gpu_breakdown"; then
+  t0=$(date +%s)
+  LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64 \
+    timeout "$(bound 150)" "$BUILD/tests/gpu_breakdown" ${GPU_RUN_BREAKDOWN_ITERS:-20000} >"$OUT/breakdown.txt" 2>&1
+  note "gpu_breakdown rc=$? ($(( $(date +%s) - t0 )) s):"
+  cat "$OUT/breakdown.txt" >>"$SUMMARY"
+fi
+
+if has payloads && enough 60 "chimaera-bench payload rows"; then
+  # One chimaera-bench run per payload size (every route, latency and
+  # throughput); scripts/plot-bench.sh --payload draws latency against size.
+  mkdir -p "$OUT/payloads"
+  for p in ${GPU_RUN_PAYLOADS:-8 64 1024 4096}; do
+    enough 40 "chimaera-bench --payload $p" || continue
+    t0=$(date +%s)
+    LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64 \
+      timeout "$(bound 120)" "$BUILD/src/tools/chimaera-bench" --iters ${GPU_RUN_BENCH_ITERS:-20000} --warmup 2000 \
+        --tput-tasks 100000 --payload "$p" --json-file "$OUT/payloads/bench-p$p.json" >"$OUT/payloads/bench-p$p.txt" 2>&1
+    note "chimaera-bench --payload $p rc=$? ($(( $(date +%s) - t0 )) s):"
+    grep -E '^(floor.gpu|floor.cpu_gpu|cpu->gpu0 |cpu->gpu_any pipelined x8|gpu0->)' "$OUT/payloads/bench-p$p.txt" |
+      cut -c1-112 | tee -a "$SUMMARY"
+  done
+  tar -C "$OUT" -czf "$OUT/payloads.tgz" payloads && rm -rf "$OUT/payloads"
 fi
 
 if has timing && enough 30 "gpu_timing"; then

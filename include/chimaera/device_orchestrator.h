@@ -28,7 +28,7 @@ namespace chi_dev_detail {
 
 /* Warp copies: each lane moves 16-byte pieces 32 apart, kWarpCopyBatch of
  * them per round (loads first, then stores: see thread_copy). */
-constexpr uint32_t kWarpCopyBatch = 4u;
+constexpr uint32_t kWarpCopyBatch = 2u;
 CHI_DEVICE void warp_copy(uint8_t *dst, const uint8_t *src, uint32_t n, uint32_t lane) {
   if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15u) == 0) {
     const uint32_t n16 = n & ~15u;
@@ -47,26 +47,22 @@ CHI_DEVICE void warp_copy(uint8_t *dst, const uint8_t *src, uint32_t n, uint32_t
     for (uint32_t i = lane; i < n; i += CHI_WARP_SIZE) dst[i] = src[i];
   }
 }
-/* Copy out of pinned host memory: volatile 16-byte loads, kWarpCopyBatch
- * per lane in flight (one PCIe round trip per 2 KiB). */
+/* Copy out of pinned host memory, after the caller's acquire fence: plain
+ * 16-byte loads, kWarpCopyBatch per lane in flight (one PCIe round trip per
+ * 1 KiB; strong loads of host memory would go one at a time per thread).
+ * Two, not more: four made the orchestrator spill registers. */
 CHI_DEVICE void warp_copy_from_host(uint8_t *dst, const uint8_t *src, uint32_t n, uint32_t lane) {
-  const uint64_t *s = reinterpret_cast<const uint64_t *>(src);
-  uint64_t *d = reinterpret_cast<uint64_t *>(dst);
-  const uint32_t nw = (n + 7u) / 8u;
-  constexpr uint32_t kStep = 2u * CHI_WARP_SIZE;
-  for (uint32_t i0 = 2u * lane; i0 < nw; i0 += kStep * kWarpCopyBatch) {
-    uint64_t a[kWarpCopyBatch], b[kWarpCopyBatch];
+  const uint4 *s = reinterpret_cast<const uint4 *>(src);
+  uint4 *d = reinterpret_cast<uint4 *>(dst);
+  const uint32_t nv = (n + 15u) / 16u; /* both buffers are padded to 16 bytes */
+  for (uint32_t i0 = lane; i0 < nv; i0 += CHI_WARP_SIZE * kWarpCopyBatch) {
+    uint4 v[kWarpCopyBatch];
 #pragma unroll
     for (uint32_t k = 0; k < kWarpCopyBatch; ++k)
-      if (i0 + k * kStep < nw) chi_port::ll_load16(s + i0 + k * kStep, &a[k], &b[k]);
+      if (i0 + k * CHI_WARP_SIZE < nv) v[k] = s[i0 + k * CHI_WARP_SIZE];
 #pragma unroll
-    for (uint32_t k = 0; k < kWarpCopyBatch; ++k) {
-      const uint32_t i = i0 + k * kStep;
-      if (i < nw) {
-        d[i] = a[k];
-        if (i + 1u < nw) d[i + 1u] = b[k];
-      }
-    }
+    for (uint32_t k = 0; k < kWarpCopyBatch; ++k)
+      if (i0 + k * CHI_WARP_SIZE < nv) d[i0 + k * CHI_WARP_SIZE] = v[k];
   }
 }
 

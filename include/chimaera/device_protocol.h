@@ -178,42 +178,57 @@ CHI_DEVICE void bitmap_free(uint32_t *bm, uint32_t slot) {
   chi_port::fetch_and_release_dev(bm + (slot >> 5), ~(1u << (slot & 31u)));
 }
 
-/* Byte copy by one thread.  Aligned pieces go kCopyBatch at a time: all the
- * loads first, then all the stores.  A plain load-store loop waits for each
- * load before issuing the next (the compiler must assume dst may alias src),
- * so it pays one memory round trip per 16 bytes: on an H100, 4 KiB cost
- * about 50 us between device buffers and about 390 us out of host memory
- * (one PCIe read each, docs/performance.md, "Where the time goes"). */
-constexpr uint32_t kCopyBatch = 8u;
-CHI_DEVICE void thread_copy(void *dst, const void *src, uint32_t n) {
+/* Byte copy by one thread, with plain (weak) loads.  Past 64 bytes, aligned
+ * 16-byte pieces go kCopyBatch at a time: all the loads first, then all the
+ * stores.  A load-store loop waits for each load before issuing the next
+ * (the compiler must assume dst may alias src), so it pays one memory round
+ * trip per 16 bytes: measured on an H100 (gpu_breakdown's probes), one
+ * thread copying 4 KiB took 330 us out of pinned host memory that way and
+ * 47 us with 8 loads in flight; 40 us and 7.4 us between device buffers.
+ * The batch costs registers in every kernel that submits or waits (an 8-deep
+ * batch took chimaera-bench's throughput kernel from 156 to 189-240
+ * registers), so the default is 4; define CHI_DEV_COPY_BATCH before including
+ * chimaera_device.h to change it.  src_padded: src may be read up to n
+ * rounded up to 16 (the runtime's slot buffers), so the tail comes from the
+ * last vector, not from up to 15 byte loads.  Reading host memory, the
+ * caller orders it after the flag it polled (fence_acquire_sys). */
+#ifndef CHI_DEV_COPY_BATCH
+#define CHI_DEV_COPY_BATCH 4
+#endif
+constexpr uint32_t kCopyBatch = CHI_DEV_COPY_BATCH;
+static_assert(kCopyBatch >= 1u && kCopyBatch <= 16u, "CHI_DEV_COPY_BATCH: 1 to 16");
+CHI_DEVICE void thread_copy(void *dst, const void *src, uint32_t n, bool src_padded = false) {
   uint8_t *d = static_cast<uint8_t *>(dst);
   const uint8_t *s = static_cast<const uint8_t *>(src);
   uint32_t i = 0;
-  const uintptr_t both = reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(s);
-  if ((both & 15u) == 0) {
-    while (i + 16u <= n) {
+  if (n > 64u && ((reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(s)) & 15u) == 0) {
+    const uint4 *s4 = reinterpret_cast<const uint4 *>(s);
+    uint4 *d4 = reinterpret_cast<uint4 *>(d);
+    const uint32_t nv = src_padded ? (n + 15u) / 16u : n / 16u; /* vectors to load */
+    for (uint32_t j = 0; j < nv; j += kCopyBatch) {
       uint4 v[kCopyBatch];
-      const uint32_t k_n = (n - i) / 16u < kCopyBatch ? (n - i) / 16u : kCopyBatch;
 #pragma unroll
       for (uint32_t k = 0; k < kCopyBatch; ++k)
-        if (k < k_n) v[k] = reinterpret_cast<const uint4 *>(s + i)[k];
+        if (j + k < nv) v[k] = s4[j + k];
 #pragma unroll
       for (uint32_t k = 0; k < kCopyBatch; ++k)
-        if (k < k_n) reinterpret_cast<uint4 *>(d + i)[k] = v[k];
-      i += 16u * k_n;
+        if (j + k < n / 16u) d4[j + k] = v[k];
+      if (j + kCopyBatch >= nv && (n & 15u) && nv > n / 16u) { /* the padded tail, from registers */
+        uint4 t = v[0];
+#pragma unroll
+        for (uint32_t k = 1; k < kCopyBatch; ++k)
+          if (j + k == n / 16u) t = v[k];
+        const uint32_t x[4] = {t.x, t.y, t.z, t.w};
+#pragma unroll
+        for (uint32_t b = 0; b < 15u; ++b)
+          if (b < (n & 15u)) d[16u * (n / 16u) + b] = static_cast<uint8_t>(x[b / 4u] >> (8u * (b & 3u)));
+      }
     }
-  } else if ((both & 3u) == 0) {
-    while (i + 4u <= n) {
-      uint32_t v[kCopyBatch];
-      const uint32_t k_n = (n - i) / 4u < kCopyBatch ? (n - i) / 4u : kCopyBatch;
-#pragma unroll
-      for (uint32_t k = 0; k < kCopyBatch; ++k)
-        if (k < k_n) v[k] = reinterpret_cast<const uint32_t *>(s + i)[k];
-#pragma unroll
-      for (uint32_t k = 0; k < kCopyBatch; ++k)
-        if (k < k_n) reinterpret_cast<uint32_t *>(d + i)[k] = v[k];
-      i += 4u * k_n;
-    }
+    i = src_padded ? n : 16u * (n / 16u);
+  } else if (((reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(s)) & 15u) == 0) {
+    for (; i + 16u <= n; i += 16u) *reinterpret_cast<uint4 *>(d + i) = *reinterpret_cast<const uint4 *>(s + i);
+  } else if (((reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(s)) & 3u) == 0) {
+    for (; i + 4u <= n; i += 4u) *reinterpret_cast<uint32_t *>(d + i) = *reinterpret_cast<const uint32_t *>(s + i);
   }
   for (; i < n; ++i) d[i] = s[i];
 }
@@ -296,19 +311,6 @@ CHI_DEVICE uint32_t queue_pop_warp(const chi_dev_layout *l, uint32_t lane, uint3
 }
 
 CHI_DEVICE uint64_t round_words(uint32_t bytes) { return (bytes + 3u) / 4u; }
-
-/* Reads the header and up to `ndata` inline words of a reply record in one
- * round trip (w[0..27] data, w[28..29] header).  True when the header carries `gen`. */
-CHI_DEVICE bool read_reply(const uint64_t *rec, uint32_t gen, uint32_t ndata, uint64_t *w) {
-  uint64_t a, b;
-  chi_port::ll_load16(rec, &a, &b);
-#pragma unroll
-  for (uint32_t k = 0; k < (CHI_DEV_LL_WORDS - CHI_DEV_LL_HEADER) / 2u; ++k)
-    if (2u * k < ndata) chi_port::ll_load16(rec + CHI_DEV_LL_HEADER + 2u * k, &w[2u * k], &w[2u * k + 1u]);
-  w[28] = a;
-  w[29] = b;
-  return ll_flag(a) == gen && ll_flag(b) == gen;
-}
 
 /* The GPU->GPU gate (docs/gpu.md, "Coexisting with other CUDA code"):
  * every submitter holds it from its run-queue ticket to its push; an
@@ -469,6 +471,43 @@ CHI_DEVICE bool reply_arrived(const chi_dev_layout *l, uint32_t slot, uint32_t g
   uint64_t a, b;
   chi_port::ll_load16(l->d2h_reply + static_cast<uint64_t>(slot) * CHI_DEV_LL_WORDS, &a, &b);
   return ll_flag(a) == gen && ll_flag(b) == gen;
+}
+
+/* A GPU->CPU reply's output, once its header carried `gen`: the header was
+ * written last, so after an acquire fence plain loads see the output, all
+ * in flight at once (one PCIe round trip for an inline reply).  Strong
+ * (volatile) loads of host memory are not: measured on an H100, a poll that
+ * read the 28 inline words with them took ~10 us (gpu_breakdown, stage 6).
+ * A word without the generation (not expected) is read again, strongly,
+ * until it has it. */
+CHI_DEVICE void take_reply_output(const chi_dev_layout *l, uint32_t slot, uint32_t gen, uint8_t *out,
+                                  uint32_t osize) {
+  chi_port::fence_acquire_sys();
+  if (osize > CHI_DEV_LL_INLINE) {
+    thread_copy(out, l->d2h_buf + static_cast<uint64_t>(slot) * l->payload_stride, osize, true);
+    return;
+  }
+  const uint4 *rec = reinterpret_cast<const uint4 *>(l->d2h_reply + static_cast<uint64_t>(slot) * CHI_DEV_LL_WORDS +
+                                                     CHI_DEV_LL_HEADER);
+  const uint32_t nw = static_cast<uint32_t>(round_words(osize));
+  const uint32_t np = (nw + 1u) / 2u; /* 16-byte pairs of LL words */
+  for (uint32_t j = 0; j < np; j += kCopyBatch) {
+    uint4 v[kCopyBatch];
+#pragma unroll
+    for (uint32_t k = 0; k < kCopyBatch; ++k)
+      if (j + k < np) v[k] = rec[j + k];
+#pragma unroll
+    for (uint32_t k = 0; k < kCopyBatch; ++k) {
+      const uint32_t p = j + k;
+      if (p >= np) break;
+      uint64_t a = static_cast<uint64_t>(v[k].x) | (static_cast<uint64_t>(v[k].y) << 32);
+      uint64_t b = static_cast<uint64_t>(v[k].z) | (static_cast<uint64_t>(v[k].w) << 32);
+      while (ll_flag(a) != gen || (2u * p + 1u < nw && ll_flag(b) != gen))
+        chi_port::ll_load16(reinterpret_cast<const uint64_t *>(rec + p), &a, &b);
+      store_word(out, 8u * p, osize, ll_data(a));
+      if (2u * p + 1u < nw) store_word(out, 8u * p + 4u, osize, ll_data(b));
+    }
+  }
 }
 
 /* Back-off of a waiting thread that has waited `waited` ns: none for the

@@ -103,7 +103,15 @@ __global__ void k_clock_pong(volatile uint64_t *box, uint32_t rounds) {
 struct Offset {
   int64_t gpu_minus_host; /* add to a host stamp to get device time */
   uint64_t half_rtt;      /* +- error */
+  uint64_t at;            /* host time of the measurement */
 };
+/* The offset at host time h, between two measurements: the two clocks
+ * drift apart by some ppm (tens of us over a few seconds). */
+static int64_t offset_at(const Offset &a, const Offset &b, uint64_t h) {
+  if (b.at == a.at) return a.gpu_minus_host;
+  const double f = (double(int64_t(h - a.at))) / double(int64_t(b.at - a.at));
+  return a.gpu_minus_host + int64_t(f * double(b.gpu_minus_host - a.gpu_minus_host));
+}
 
 static Offset clock_offset(uint32_t rounds) {
   volatile uint64_t *box;
@@ -115,7 +123,7 @@ static Offset clock_offset(uint32_t rounds) {
   BD_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   k_clock_pong<<<1, 1, 0, s>>>(dbox, rounds);
   BD_CHECK(cudaGetLastError());
-  Offset best{0, ~0ull};
+  Offset best{0, ~0ull, 0};
   for (uint32_t i = 1; i <= rounds; ++i) {
     const uint64_t t0 = host_ns();
     __atomic_store_n(const_cast<uint64_t *>(&box[0]), uint64_t(i), __ATOMIC_RELEASE);
@@ -130,6 +138,7 @@ static Offset clock_offset(uint32_t rounds) {
     if (t1 - t0 < 2 * best.half_rtt || best.half_rtt == ~0ull) {
       best.half_rtt = (t1 - t0) / 2;
       best.gpu_minus_host = int64_t(g) - int64_t(t0 + (t1 - t0) / 2);
+      best.at = t0;
     }
   }
   BD_CHECK(cudaStreamSynchronize(s));
@@ -303,10 +312,12 @@ int main(int argc, char **argv) {
     for (int r = 0; r < 2; ++r) {
       const chi_route_t route = r == 0 ? CHI_ROUTE_CPU : CHI_ROUTE_LOCAL;
       const char *name = r == 0 ? "gpu->cpu" : "gpu->gpu";
-      off = clock_offset(500); /* again: the clocks drift apart */
       k_device_route<<<1, 1, 0, stream>>>(ctx, route, m, payload, warm, buf, st, bad);
+      BD_CHECK(cudaStreamSynchronize(stream));
+      const Offset before = clock_offset(500); /* around the run: the clocks drift apart */
       k_device_route<<<1, 1, 0, stream>>>(ctx, route, m, payload, n, buf, st, bad);
       BD_CHECK(cudaStreamSynchronize(stream));
+      const Offset after = clock_offset(500);
       if (*bad) {
         fprintf(stderr, "gpu_breakdown: %s at %u bytes: a task failed\n", name, payload);
         failed = 1;
@@ -316,8 +327,9 @@ int main(int argc, char **argv) {
       if (r == 0) {
         memcpy(hs.data(), g_host_stamps, hs.size() * sizeof(uint64_t));
         for (uint32_t i = 0; i < n; ++i) { /* to device time */
-          hs[2 * i] += off.gpu_minus_host;
-          hs[2 * i + 1] += off.gpu_minus_host;
+          const int64_t o = offset_at(before, after, hs[2 * i]);
+          hs[2 * i] += o;
+          hs[2 * i + 1] += o;
         }
       } else {
         BD_CHECK(cudaMemcpy(hs.data(), dev_stamps, hs.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
@@ -353,12 +365,13 @@ int main(int argc, char **argv) {
     if (failed) break;
 
     /* ---- CPU->GPU, from this thread */
-    off = clock_offset(500);
+    Offset before{0, 0, 0};
     std::vector<uint8_t> in(payload), out(payload);
     for (uint32_t i = 0; i < payload; ++i) in[i] = uint8_t(i * 5u);
     std::vector<double> sub, to_d, hand, back, total;
     std::vector<uint64_t> h(3u * n);
     for (uint32_t i = 0; i < warm + n; ++i) {
+      if (i == warm) before = clock_offset(500);
       const uint32_t id = i % n;
       memcpy(in.data(), &id, 4);
       chi_future_t f;
@@ -380,9 +393,11 @@ int main(int argc, char **argv) {
       }
     }
     if (failed) break;
+    const Offset after = clock_offset(500);
     BD_CHECK(cudaMemcpy(hs.data(), dev_stamps, hs.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
     for (uint32_t i = 0; i < n; ++i) {
-      const int64_t g0 = int64_t(hs[2 * i]) - off.gpu_minus_host, g1 = int64_t(hs[2 * i + 1]) - off.gpu_minus_host;
+      const int64_t o = offset_at(before, after, h[3 * i + 1]);
+      const int64_t g0 = int64_t(hs[2 * i]) - o, g1 = int64_t(hs[2 * i + 1]) - o;
       sub.push_back(double(h[3 * i + 1] - h[3 * i]));
       to_d.push_back(double(g0 - int64_t(h[3 * i + 1])));
       hand.push_back(double(g1 - g0));

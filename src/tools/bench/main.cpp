@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -46,6 +47,7 @@ void usage(std::FILE *out) {
       "  --config PATH   chimaera.yaml to use (default: $CHI_CONFIG, else built-ins)\n"
       "  --pin           pin the benchmark's own threads to CPUs (workers are not)\n"
       "  --json          one JSON object on stdout instead of the table\n"
+      "  --json-file P   the table on stdout, and the JSON object written to file P\n"
       "\n"
       "Client->server (instead of the embedded routes; floor.xproc_pingpong is the floor of\n"
       "shm rows, raw libzmq REQ/REP and DEALER/ROUTER runs of the same transport that of\n"
@@ -117,9 +119,25 @@ bool transport_list(const char *text, std::vector<int> *out) {
   return !out->empty();
 }
 
+// Writes the JSON object to `path` (--json-file); false, with a message, on error.
+template <class Print>
+bool write_json_file(const char *path, Print print) {
+  FILE *f = std::fopen(path, "w");
+  if (!f) {
+    std::fprintf(stderr, "chimaera-bench: --json-file %s: %s\n", path, std::strerror(errno));
+    return false;
+  }
+  print(f);
+  if (std::fclose(f) != 0) {
+    std::fprintf(stderr, "chimaera-bench: --json-file %s: %s\n", path, std::strerror(errno));
+    return false;
+  }
+  return true;
+}
+
 // The --server run: client->server rows after the floors, then the report.
 int server_main(const chi_bench_options &opt, const chi_bench::ServerOptions &so,
-                const chi_config_t &cfg, bool json, std::vector<chi_bench_row> &rows) {
+                const chi_config_t &cfg, bool json, const char *json_file, std::vector<chi_bench_row> &rows) {
   chi_bench::ServerReport rep;
   std::string err;
   if (!chi_bench::run_server_rows(opt, so, cfg.num_workers, cfg.config_path, rows, &rep, &err)) {
@@ -134,6 +152,8 @@ int server_main(const chi_bench_options &opt, const chi_bench::ServerOptions &so
     chi_bench::print_json(stdout, m, opt, rows, &rep);
   else
     chi_bench::print_table(stdout, m, opt, rows, &rep);
+  if (json_file && !write_json_file(json_file, [&](FILE *f) { chi_bench::print_json(f, m, opt, rows, &rep); }))
+    return 2;
 
   bool ok = true;
   auto check = [&](const std::vector<chi_bench_row> &rs) {
@@ -165,7 +185,7 @@ int main(int argc, char **argv) {
     return chi_bench::client_worker_main(argv[2]);
 
   enum { kIters = 256, kWarmup, kTput, kThreads, kWindow, kPayload, kWorkers, kConfig, kPin,
-         kJson, kHelp, kServer, kServerBin, kProcs, kClients, kFairness, kFloodWindow, kClientMs,
+         kJson, kJsonFile, kHelp, kServer, kServerBin, kProcs, kClients, kFairness, kFloodWindow, kClientMs,
          kIdleMs, kWakeSamples, kTransportsOpt };
   static const option longopts[] = {
       {"iters", required_argument, nullptr, kIters},
@@ -178,6 +198,7 @@ int main(int argc, char **argv) {
       {"config", required_argument, nullptr, kConfig},
       {"pin", no_argument, nullptr, kPin},
       {"json", no_argument, nullptr, kJson},
+      {"json-file", required_argument, nullptr, kJsonFile},
       {"help", no_argument, nullptr, kHelp},
       {"server", required_argument, nullptr, kServer},
       {"server-bin", required_argument, nullptr, kServerBin},
@@ -197,6 +218,7 @@ int main(int argc, char **argv) {
   opt.payload = 64;
   opt.threads = chi_tool_online_cpus();
   bool warmup_set = false, tput_set = false, json = false;
+  const char *json_file = nullptr;
   chi_bench::ServerOptions so;
   chi_config_t cfg;
   chi_config_init(&cfg);
@@ -239,6 +261,9 @@ int main(int argc, char **argv) {
         break;
       case kJson:
         json = true;
+        break;
+      case kJsonFile:
+        json_file = optarg;
         break;
       case kHelp:
         usage(stdout);
@@ -324,7 +349,7 @@ int main(int argc, char **argv) {
       rows.emplace_back();
       chi_bench::zmq_pipe_floor(opt, t, &rows.back());
     }
-    return server_main(opt, so, cfg, json, rows);
+    return server_main(opt, so, cfg, json, json_file, rows);
   }
 
   chi_runtime_t *rt = nullptr;
@@ -371,6 +396,8 @@ int main(int argc, char **argv) {
     chi_bench::print_json(stdout, m, opt, rows);
   else
     chi_bench::print_table(stdout, m, opt, rows);
+  if (json_file && !write_json_file(json_file, [&](FILE *f) { chi_bench::print_json(f, m, opt, rows); }))
+    return 2;
 
   bool ok = st == CHI_OK;
   for (const auto &r : rows) {
