@@ -157,6 +157,7 @@ class RelayGpu final : public ClientGpu, public D2hRelay {
     {
       std::lock_guard<std::mutex> lock(mu_);
       incoming_.push_back(Pending{p.slot, p.gen, slot, gen});
+      incoming_n_.store(incoming_.size(), std::memory_order_release);
       if (idle_) cv_.notify_one();
     }
     return true;
@@ -178,6 +179,14 @@ class RelayGpu final : public ClientGpu, public D2hRelay {
     const int64_t check_ns = int64_t(local_.config().disconnect_check_ms) * 1000000;
     int64_t last_progress = now_ns(), nap_ns = 0;
     while (!quit_.load(std::memory_order_acquire)) {
+      if (out_.empty() && incoming_n_.load(std::memory_order_acquire) == 0) {
+        // A kernel's next task tends to follow at once: spin a while before
+        // sleeping (a futex wake-up would add to every round trip).
+        const int64_t t0 = now_ns();
+        while (incoming_n_.load(std::memory_order_acquire) == 0 && now_ns() - t0 < spin_ns &&
+               !quit_.load(std::memory_order_relaxed))
+          cpu_relax();
+      }
       {
         std::unique_lock<std::mutex> lock(mu_);
         if (out_.empty() && incoming_.empty()) {
@@ -189,6 +198,7 @@ class RelayGpu final : public ClientGpu, public D2hRelay {
         }
         out_.insert(out_.end(), incoming_.begin(), incoming_.end());
         incoming_.clear();
+        incoming_n_.store(0, std::memory_order_relaxed);
       }
       bool progress = false;
       for (size_t i = 0; i < out_.size();) {
@@ -279,6 +289,7 @@ class RelayGpu final : public ClientGpu, public D2hRelay {
   std::condition_variable cv_;
   bool idle_ = false;               // under mu_: the completion thread waits on cv_
   std::vector<Pending> incoming_;   // under mu_: taken by pollers, not yet seen
+  std::atomic<size_t> incoming_n_{0};  // its size, for the completion thread's spin
   std::vector<Pending> out_;        // the completion thread's own
   std::thread done_thread_;
   std::thread sweep_thread_;
@@ -293,6 +304,43 @@ chi_status_t create_client_gpu(Client &client, Runtime &local, int32_t gpu, int3
   auto r = std::make_unique<gpu::RelayGpu>(client, local, gpu, ngpus);
   if (chi_status_t s = r->start(); s != CHI_OK) return s;
   *out = std::move(r);
+  return CHI_OK;
+}
+
+chi_status_t export_gpu_mem(int32_t gpu, const void *ptr, size_t size, void *handle, size_t handle_size,
+                            uint64_t *offset) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || gpu >= n) {
+    (void)cudaGetLastError();
+    return set_error(CHI_ERR_NO_DEVICE, "GPU %d: this client process sees %d CUDA device(s)", gpu, n);
+  }
+  gpu::DeviceGuard guard(gpu);
+  cudaPointerAttributes a;
+  std::memset(&a, 0, sizeof a);
+  if (cudaError_t e = cudaPointerGetAttributes(&a, ptr); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return set_error(CHI_ERR_INVALID, "GPU %d: %p is not memory the CUDA runtime knows (%s)", gpu, ptr,
+                     cudaGetErrorString(e));
+  }
+  if (CHI_POINTER_TYPE(a) != cudaMemoryTypeDevice || a.device != gpu)
+    return set_error(CHI_ERR_INVALID, "GPU %d: %p is not device memory of CUDA device %d", gpu, ptr, gpu);
+  uintptr_t base = 0;
+  size_t len = 0;
+  if (!gpu::allocation_range(ptr, &base, &len))
+    return set_error(CHI_ERR_INVALID, "GPU %d: the allocation holding %p is unknown", gpu, ptr);
+  const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+  if (p - base > len || size > len - (p - base))
+    return set_error(CHI_ERR_INVALID, "GPU %d: %zu bytes at %p run past the end of their allocation", gpu, size, ptr);
+  cudaIpcMemHandle_t h;
+  if (handle_size < sizeof h) return set_error(CHI_ERR_INTERNAL, "IPC handle buffer too small");
+  if (cudaError_t e = cudaIpcGetMemHandle(&h, reinterpret_cast<void *>(base)); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return set_error(CHI_ERR_INVALID, "GPU %d: no IPC handle for %p (%s; memory from cudaMalloc only)", gpu, ptr,
+                     cudaGetErrorString(e));
+  }
+  std::memset(handle, 0, handle_size);
+  std::memcpy(handle, &h, sizeof h);
+  *offset = p - base;
   return CHI_OK;
 }
 

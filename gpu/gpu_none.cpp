@@ -18,4 +18,8 @@ chi_status_t create_client_gpu(Client &, Runtime &, int32_t gpu, int32_t, std::u
   return set_error(CHI_ERR_NO_DEVICE, "GPU %d: chimaera was built without CUDA/HIP", gpu);
 }
 
+chi_status_t export_gpu_mem(int32_t gpu, const void *, size_t, void *, size_t, uint64_t *) {
+  return set_error(CHI_ERR_NO_DEVICE, "GPU %d: chimaera was built without CUDA/HIP", gpu);
+}
+
 }  // namespace chi

@@ -112,6 +112,37 @@ class DeviceGpuSystem final : public GpuSystem {
     return devs_[gpu]->check_pointer(ptr, size);
   }
 
+  chi_status_t open_ipc_mem(int32_t gpu, const void *handle, size_t handle_size, void **base,
+                            size_t *length) override {
+    if (gpu < 0 || gpu >= count()) return set_error(CHI_ERR_INVALID, "GPU %d out of range", gpu);
+    cudaIpcMemHandle_t h;
+    static_assert(sizeof h <= 64, "an IPC handle fits the message");
+    if (handle_size < sizeof h) return set_error(CHI_ERR_INVALID, "IPC handle of %zu bytes", handle_size);
+    std::memcpy(&h, handle, sizeof h);
+    DeviceGuard guard(devs_[gpu]->ordinal());
+    void *p = nullptr;
+    if (cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess); e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return set_error(CHI_ERR_INVALID, "GPU %d: the client's memory handle does not open here: %s", gpu,
+                       cudaGetErrorString(e));
+    }
+    uintptr_t b = 0;
+    size_t len = 0;
+    // The handle names a whole allocation, mapped at p: its length bounds every region.
+    if (!allocation_range(p, &b, &len) || b != reinterpret_cast<uintptr_t>(p)) {
+      (void)cudaIpcCloseMemHandle(p);
+      return set_error(CHI_ERR_INVALID, "GPU %d: the size of the client's allocation is unknown", gpu);
+    }
+    *base = p;
+    *length = len;
+    return CHI_OK;
+  }
+
+  void close_ipc_mem(int32_t gpu, void *base) override {
+    DeviceGuard guard(devs_[gpu]->ordinal());
+    if (cudaIpcCloseMemHandle(base) != cudaSuccess) (void)cudaGetLastError();
+  }
+
   chi_status_t regions_changed() override {
     // The snapshot is taken under the lock: the last upload always holds
     // every registration that finished before it.

@@ -287,9 +287,16 @@ typedef struct chi_mem_ref {
  *   device_ptr  [in] start of the memory; owned by the caller, who keeps it
  *               alive until chi_unregister_mem.
  *   region      [out] the region id (never 0).
+ * In a client process with gpu >= 0: memory from cudaMalloc on the client's
+ * CUDA device `gpu`; the server maps it (CUDA IPC) and registers the region
+ * in its own table, so the server's CPU and GPU handlers resolve references
+ * to it (chi_mem_resolve in the client refuses them); it is unregistered by
+ * chi_unregister_mem or when the client's session ends (docs/server.md,
+ * "Client device memory").
  * Returns CHI_OK, CHI_ERR_INVALID (NULL pointer, size 0, pointer not on that
  * GPU), CHI_ERR_NO_DEVICE (GPU number with no usable GPU), CHI_ERR_NOMEM
- * (region table full).  Thread safety: safe. */
+ * (region table full); in a client also CHI_ERR_DISCONNECTED and the
+ * server's refusals (with its message).  Thread safety: safe. */
 CHI_API chi_status_t chi_register_gpu_mem(chi_runtime_t *rt, int32_t gpu, void *device_ptr,
                                           size_t size, uint64_t *region);
 
@@ -417,8 +424,15 @@ CHI_API chi_status_t chi_gpu_count(chi_runtime_t *rt, int32_t *count);
 
 /* Fills *ctx with the device context of GPU `gpu`, to pass by value to
  * kernels that call chi_dev_submit and friends.  Valid until chi_finalize.
+ * In a client process (CHI_MODE_CLIENT): a context for the process's own
+ * kernels on the server's GPU `gpu` (the client's CUDA device of the same
+ * number); every route of those kernels goes through a relay in the client
+ * to the server (docs/server.md, "Client kernels").  The first call for a
+ * GPU allocates the relay's memory and starts its threads: make it before
+ * launching the kernels; finish them before chi_finalize.
  * Returns CHI_OK, CHI_ERR_INVALID (NULL argument, gpu out of range),
- * CHI_ERR_NO_DEVICE.  Thread safety: safe. */
+ * CHI_ERR_NO_DEVICE (no such GPU; in a client: the server drives none, or
+ * the client sees no CUDA device `gpu`), CHI_ERR_NOMEM.  Thread safety: safe. */
 CHI_API chi_status_t chi_gpu_context(chi_runtime_t *rt, int32_t gpu, chi_dev_context_t *ctx);
 
 /* Stops GPU `gpu`'s orchestrator kernel (-1: every GPU) and waits until it

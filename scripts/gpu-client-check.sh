@@ -8,7 +8,8 @@
 #      once, all results checked, without MPS and under MPS (scripts/mps.sh,
 #      private pipe directory, started before the server and quit after);
 #   3. latency: a client kernel's GPU->CPU and GPU->GPU round trips (p50/p99)
-#      beside the same kernel in an embedded runtime, without and with MPS.
+#      beside the same kernel in an embedded runtime, without and with MPS;
+#   4. chimaera-bench (its floors and embedded GPU rows, same session).
 #
 #   device: run(command="GPU_RUN_STEPS=build bash scripts/gpu-run.sh &&
 #                        bash scripts/gpu-client-check.sh build-gpu", carry=[".devdeps"])
@@ -67,4 +68,9 @@ if MPSENV=$(bash "$HERE/scripts/mps.sh" start "$OUT/mps" 2>"$OUT/mps-start.log")
 else
   echo "mps: not measured ($(cat "$OUT/mps-start.log"))" | tee -a "$SUMMARY"
 fi
+# The floors (CPU<->GPU flag, GPU->CPU->GPU and block<->block ping-pong) and
+# the embedded route rows of the same session, for the table beside the
+# client rows above.
+step bench "$BUILD/src/tools/chimaera-bench" --iters 20000
+grep -iE 'pingpong|ping-pong|gpu0|cpu->gpu' "$OUT/bench.log" | head -20 | sed 's/^/    /' | tee -a "$SUMMARY"
 echo "summary: $SUMMARY"

@@ -29,7 +29,12 @@ if(CHI_HAVE_CUDA)
   if(TARGET chimaera-server)
     chi_add_test(test_gpu_client SOURCES gpu/test_gpu_client.cu GPU TIMEOUT 300 LABELS "gpu;client;server")
     add_dependencies(test_gpu_client chimaera-server)
-    target_compile_definitions(test_gpu_client PRIVATE CHI_SERVER_PATH="$<TARGET_FILE:chimaera-server>")
+    # The server's module for the device memory case: reads a client's region with cudaMemcpy.
+    add_library(chi_test_client_mem_module MODULE gpu/client_mem_module.c)
+    target_link_libraries(chi_test_client_mem_module PRIVATE chimaera::chimaera CUDA::cudart)
+    add_dependencies(test_gpu_client chi_test_client_mem_module)
+    target_compile_definitions(test_gpu_client PRIVATE CHI_SERVER_PATH="$<TARGET_FILE:chimaera-server>"
+      CHI_MEM_MODULE_PATH="$<TARGET_FILE:chi_test_client_mem_module>")
     set_target_properties(test_gpu_client PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON
       CUDA_RUNTIME_LIBRARY Shared)
     target_compile_options(test_gpu_client PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)

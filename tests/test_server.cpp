@@ -365,6 +365,11 @@ void test_round_trips_from_threads(void **) {
   assert_status(CHI_ERR_NO_DEVICE, chi_gpu_context(c, 0, &dctx));
   assert_non_null(strstr(chi_last_error_message(), "drives no GPU"));
   assert_status(CHI_ERR_NO_DEVICE, chi_gpu_context(c, -1, &dctx));
+  uint64_t dregion = 0;
+  char dbuf[16];
+  assert_status(CHI_ERR_NO_DEVICE, chi_register_gpu_mem(c, 0, dbuf, sizeof dbuf, &dregion));
+  assert_status(CHI_ERR_INVALID, chi_register_gpu_mem(c, -7, dbuf, sizeof dbuf, &dregion));
+  assert_status(CHI_ERR_INVALID, chi_unregister_mem(c, 0x100000001ull));
   // A handler registered in the client runs in the client.
   chi_method_t local;
   assert_status(CHI_OK, chi_register_handler(c, "client.sleep", sleep_handler, nullptr, &local));
@@ -836,6 +841,79 @@ void test_stop_under_load(void **) {
                 "CHI_ERR_DISCONNECTED (never taken)\n",
                 rounds, ran_total, lost_total, shutdown_total, disc_total);
   assert_int_equal(lost_total, 0);
+}
+
+// One control request on a raw session; the reply's status and text.
+chi_status_t raw_control(int sock, chi::ipc::Op op, const void *payload, uint32_t len, std::string *body) {
+  chi::ipc::MsgHeader h{chi::ipc::kMsgMagic, uint16_t(chi::ipc::Kind::kControl), uint16_t(op), 0, len, 0};
+  assert_int_equal(send(sock, &h, sizeof h, MSG_NOSIGNAL), sizeof h);
+  if (len) assert_int_equal(send(sock, payload, len, MSG_NOSIGNAL), len);
+  chi::ipc::MsgHeader r;
+  assert_true(raw_recv(sock, &r, body));
+  assert_int_equal(r.kind, uint16_t(chi::ipc::Kind::kControlReply));
+  return r.status;
+}
+
+// Client device memory messages (kRegisterGpuMem, kUnregisterMem) as a
+// hostile client may write them: each refused with a status and a message;
+// malformed ones end that session only.  This server has no GPU, so no
+// handle is ever opened (the GPU case: tests/gpu/test_gpu_client.cu).
+void test_gpu_mem_messages(void **) {
+  if (g_transport != "shm") return skip();  // the raw session socket
+  ServerFixture f = start_server();
+  chi_runtime_t *honest = connect_client(f.address);
+  using chi::ipc::GpuMemExport;
+  GpuMemExport good{};
+  good.version = chi::ipc::kGpuMemVersion;
+  good.gpu = 0;
+  good.size = 4096;
+  struct Case {
+    const char *what;
+    GpuMemExport x;
+    uint32_t len;
+    chi_status_t want;
+    const char *says;
+  };
+  GpuMemExport v = good, z = good, w = good, g = good;
+  v.version = 99;
+  z.size = 0;
+  w.offset = ~0ull - 10;
+  g.gpu = -3;
+  const Case cases[] = {
+      {"short", good, sizeof good - 1, CHI_ERR_PROTOCOL, "bytes"},
+      {"long", good, sizeof good + 1, CHI_ERR_PROTOCOL, "bytes"},
+      {"empty", good, 0, CHI_ERR_PROTOCOL, "bytes"},
+      {"version", v, sizeof v, CHI_ERR_PROTOCOL, "version 99"},
+      {"size 0", z, sizeof z, CHI_ERR_INVALID, "size is 0"},
+      {"wraps", w, sizeof w, CHI_ERR_INVALID, "wraps"},
+      {"no GPU", good, sizeof good, CHI_ERR_NO_DEVICE, "no GPU"},
+      {"negative GPU", g, sizeof g, CHI_ERR_NO_DEVICE, "no GPU"},
+  };
+  for (const Case &k : cases) {
+    RawSession r = raw_session(f.address);
+    std::string body;
+    char buf[sizeof(GpuMemExport) + 1] = {};
+    memcpy(buf, &k.x, sizeof k.x);
+    assert_int_equal(raw_control(r.sock, chi::ipc::Op::kRegisterGpuMem, buf, k.len, &body), k.want);
+    if (!strstr(body.c_str(), k.says)) fail_msg("%s: reply '%s' does not say '%s'", k.what, body.c_str(), k.says);
+    raw_close(r);
+  }
+  // Unregister: malformed, and a region this session never registered.
+  RawSession r = raw_session(f.address);
+  std::string body;
+  uint64_t region = 0x100000001ull;
+  assert_int_equal(raw_control(r.sock, chi::ipc::Op::kUnregisterMem, &region, sizeof region, &body), CHI_ERR_INVALID);
+  assert_non_null(strstr(body.c_str(), "not one this client registered"));
+  assert_int_equal(raw_control(r.sock, chi::ipc::Op::kUnregisterMem, &region, 3, &body), CHI_ERR_PROTOCOL);
+  raw_close(r);
+  // The honest client never noticed.
+  uint64_t in[2] = {2, 3}, out = 0;
+  chi_future_t fu;
+  assert_status(CHI_OK, chi_submit(honest, CHI_ROUTE_CPU, CHI_METHOD_ADD, in, sizeof in, &fu));
+  assert_status(CHI_OK, chi_wait(honest, fu, -1, &out, sizeof out, nullptr));
+  assert_true(out == 5);
+  chi_finalize(honest);
+  chi_finalize(f.rt);
 }
 
 void test_garbage_in_segment(void **) {
@@ -1474,6 +1552,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_prompt_stop),
       cmocka_unit_test(test_stop_under_load),
       cmocka_unit_test(test_garbage_in_segment),
+      cmocka_unit_test(test_gpu_mem_messages),
       cmocka_unit_test(test_malformed_frames),
       cmocka_unit_test(test_curve),
       cmocka_unit_test(test_many_clients),

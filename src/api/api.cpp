@@ -66,11 +66,11 @@ chi_status_t local_engine(chi_runtime_t *rt, bool create, chi::Runtime **e) {
   return rt->client->local(create, e);
 }
 
-// No GPU calls from a client process yet: the orchestrators are the server's.
+// The orchestrators are the server's: a client does not pause or replace them.
 chi_status_t client_gpu_refusal(const char *what) {
   return set_error(CHI_ERR_NO_DEVICE,
-                   "%s: a client process cannot drive the server's GPUs directly in this release "
-                   "(CPU->GPU tasks through chi_submit work)",
+                   "%s: the server's orchestrators are not a client's to control (client kernels use "
+                   "chi_gpu_context, host code chi_submit)",
                    what);
 }
 
@@ -413,7 +413,7 @@ CHI_API chi_status_t chi_register_gpu_mem(chi_runtime_t *rt, int32_t gpu, void *
       return set_error(CHI_ERR_INVALID, "region wraps around the address space");
     if (gpu < 0 && gpu != CHI_ROUTE_CPU)
       return set_error(CHI_ERR_INVALID, "gpu must be >= 0 or CHI_ROUTE_CPU, not %d", gpu);
-    if (rt->client && gpu != CHI_ROUTE_CPU) return client_gpu_refusal("chi_register_gpu_mem");
+    if (rt->client && gpu != CHI_ROUTE_CPU) return rt->client->register_gpu_mem(gpu, device_ptr, size, region);
     chi::Runtime *e;
     if (chi_status_t s = local_engine(rt, true, &e); s != CHI_OK) return s;
     if (gpu == CHI_ROUTE_CPU) return e->regions().add(gpu, device_ptr, size, region);
@@ -432,6 +432,7 @@ CHI_API chi_status_t chi_register_gpu_mem(chi_runtime_t *rt, int32_t gpu, void *
 CHI_API chi_status_t chi_unregister_mem(chi_runtime_t *rt, uint64_t region) {
   return guarded([&]() -> chi_status_t {
     CHI_HANDLE(rt);
+    if (rt->client && rt->client->server_region(region)) return rt->client->unregister_server_mem(region);
     chi::Runtime *e;
     if (local_engine(rt, false, &e) != CHI_OK)
       return set_error(CHI_ERR_INVALID, "unknown region %llu", (unsigned long long)region);
@@ -446,6 +447,10 @@ CHI_API chi_status_t chi_mem_resolve(chi_runtime_t *rt, const chi_mem_ref_t *ref
     CHI_HANDLE(rt);
     CHI_NONNULL(ref);
     CHI_NONNULL(ptr);
+    if (rt->client && rt->client->server_region(ref->region))
+      return set_error(CHI_ERR_INVALID,
+                       "region %llu is device memory registered with the server: its handlers resolve it",
+                       (unsigned long long)ref->region);
     chi::Runtime *e;
     if (local_engine(rt, false, &e) != CHI_OK)
       return set_error(CHI_ERR_INVALID, "unknown region %llu", (unsigned long long)ref->region);

@@ -38,6 +38,7 @@ chi_status_t Client::local(bool create, Runtime **rt) {
     if (c.workers == 0) c.workers = 2;  // a client's own handlers: a small pool
     auto r = std::make_unique<Runtime>(std::move(c));
     r->registry().set_id_bits(kLocalMethodBit);  // handlers see the ids the client hands out
+    r->regions().set_first_generation(0x40000000u);  // never a server region's id
     if (chi_status_t s = r->start(); s != CHI_OK) return s;
     local_ = std::move(r);
     local_ptr_.store(local_.get(), std::memory_order_release);
@@ -59,6 +60,42 @@ chi_status_t Client::gpu_context(int32_t gpu, chi_dev_context_t *ctx) {
     if (chi_status_t s = create_client_gpu(*this, *l, gpu, gpus_, &gpus_relay_[gpu]); s != CHI_OK) return s;
   gpus_relay_[gpu]->context(ctx);
   return CHI_OK;
+}
+
+chi_status_t Client::register_gpu_mem(int32_t gpu, void *ptr, size_t size, uint64_t *region) {
+  if (gpus_ == 0)
+    return set_error(CHI_ERR_NO_DEVICE, "the server %s drives no GPU (or gpu.devices is 0)", address_.c_str());
+  if (gpu >= gpus_) return set_error(CHI_ERR_INVALID, "GPU %d out of range: the server drives %d GPU(s)", gpu, gpus_);
+  ipc::GpuMemExport x{};
+  x.version = ipc::kGpuMemVersion;
+  x.gpu = gpu;
+  x.size = size;
+  if (chi_status_t s = export_gpu_mem(gpu, ptr, size, x.handle, sizeof x.handle, &x.offset); s != CHI_OK) return s;
+  ipc::RegionReply r{};
+  uint32_t n = 0;
+  if (chi_status_t s = control(ipc::Op::kRegisterGpuMem, 0, &x, sizeof x, &r, sizeof r, &n); s != CHI_OK) return s;
+  if (n != sizeof r || r.region == 0)
+    return set_error(CHI_ERR_PROTOCOL, "%s answered a registration with a bad region", address_.c_str());
+  std::lock_guard<std::mutex> lock(regions_mu_);
+  server_regions_.insert(r.region);
+  *region = r.region;
+  return CHI_OK;
+}
+
+bool Client::server_region(uint64_t region) const {
+  std::lock_guard<std::mutex> lock(regions_mu_);
+  return server_regions_.count(region) != 0;
+}
+
+chi_status_t Client::unregister_server_mem(uint64_t region) {
+  {
+    std::lock_guard<std::mutex> lock(regions_mu_);
+    if (!server_regions_.erase(region))
+      return set_error(CHI_ERR_INVALID, "unknown region %llu", (unsigned long long)region);
+  }
+  ipc::RegionReply r{region};
+  // Gone from the client's set either way: a server that is gone dropped it too.
+  return control(ipc::Op::kUnregisterMem, 0, &r, sizeof r, nullptr, 0, nullptr);
 }
 
 int64_t Client::wait_spin_ns() const {

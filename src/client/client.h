@@ -8,6 +8,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,15 @@ class Client {
   // for GPU `gpu` (made on first use; client_gpu.h).
   chi_status_t gpu_context(int32_t gpu, chi_dev_context_t *ctx);
 
+  // chi_register_gpu_mem(gpu >= 0) in a client: the memory's CUDA IPC handle
+  // goes to the server, which maps it and registers the region in its own
+  // table (server/client_mem.h); *region is the server's id.
+  chi_status_t register_gpu_mem(int32_t gpu, void *ptr, size_t size, uint64_t *region);
+  // Whether `region` is one this client registered with its server.
+  bool server_region(uint64_t region) const;
+  // chi_unregister_mem of such a region.
+  chi_status_t unregister_server_mem(uint64_t region);
+
   // The local pool for the client's own handlers, modules and memory
   // regions (made on first use when create is true).
   chi_status_t local(bool create, Runtime **rt);
@@ -102,6 +112,8 @@ class Client {
  private:
   chi_status_t check_submit(chi_route_t route, chi_method_t method, size_t input_size, uint32_t max_payload);
 
+  mutable std::mutex regions_mu_;
+  std::set<uint64_t> server_regions_;  // under regions_mu_
   std::mutex local_mu_;
   std::vector<std::unique_ptr<ClientGpu>> gpus_relay_;  // by GPU, under local_mu_; stopped before local_
   std::unique_ptr<Runtime> local_;

@@ -9,6 +9,8 @@
 // (gpu/gpu_none.cpp).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "chimaera.h"
@@ -32,5 +34,14 @@ class ClientGpu {
 // server's GPU count (CHI_ROUTE_GPU(n >= ngpus): CHI_ERR_NO_DEVICE on the device).
 chi_status_t create_client_gpu(Client &client, Runtime &local, int32_t gpu, int32_t ngpus,
                                std::unique_ptr<ClientGpu> *out);
+
+// chi_register_gpu_mem(gpu >= 0) in a client: checks that [ptr, ptr + size)
+// is device memory of the client's CUDA device `gpu` inside one allocation,
+// and gives that allocation's CUDA IPC handle (handle_size >= 64 bytes) and
+// the region's offset in it, for the server (ipc::GpuMemExport).
+// CHI_ERR_INVALID (not such memory), CHI_ERR_NO_DEVICE (no CUDA device
+// `gpu`, or a build without CUDA/HIP).
+chi_status_t export_gpu_mem(int32_t gpu, const void *ptr, size_t size, void *handle, size_t handle_size,
+                            uint64_t *offset);
 
 }  // namespace chi

@@ -39,6 +39,14 @@ class GpuSystem {
   virtual chi_status_t check_device_pointer(int32_t gpu, const void *ptr, size_t size) = 0;
   // The region table changed (Runtime::regions); make device code see the new one.
   virtual chi_status_t regions_changed() = 0;
+  // Client device memory (server/client_mem.h): maps another process's CUDA
+  // IPC handle (handle_size bytes, untrusted) on GPU `gpu`; *base and
+  // *length: the whole allocation as mapped here.  CHI_ERR_INVALID with the
+  // reason when it cannot be opened.
+  virtual chi_status_t open_ipc_mem(int32_t gpu, const void *handle, size_t handle_size, void **base,
+                                    size_t *length) = 0;
+  // Unmaps what open_ipc_mem mapped.
+  virtual void close_ipc_mem(int32_t gpu, void *base) = 0;
   // Whether an MPS control daemon of this user answered when the GPUs were
   // set up (its pipe directory in *where): the process's CUDA context is then
   // an MPS client, and other processes' kernels run beside the orchestrator

@@ -64,4 +64,9 @@ std::vector<Region> MemoryRegions::snapshot() const {
   return table_;
 }
 
+void MemoryRegions::set_first_generation(uint32_t first) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  if (next_gen_ < first) next_gen_ = first;
+}
+
 }  // namespace chi

@@ -24,6 +24,10 @@ class MemoryRegions {
   chi_status_t resolve(const chi_mem_ref_t &ref, void **ptr, int32_t *gpu) const;
   // A copy of the table, indexed by (id & 0xFFFFFFFF) - 1, for device upload.
   std::vector<Region> snapshot() const;
+  // Ids given from now on carry generations from `first` up: a client's own
+  // regions start at 0x40000000 so that they never equal the ids of regions
+  // it registered with its server (docs/server.md, "Client device memory").
+  void set_first_generation(uint32_t first);
 
  private:
   mutable std::shared_mutex mu_;

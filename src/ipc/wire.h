@@ -14,8 +14,9 @@ namespace chi::ipc {
 // in a word here what changed.  Peers refuse each other's hello/welcome unless
 // the versions are equal (ipc/handshake.h), with a message naming both.
 // 2: ZeroMQ messages may batch frames; 3: one message-type enum for both
-// channels, the frame header carries this version.
-constexpr uint32_t kProtocolVersion = 3;
+// channels, the frame header carries this version; 4: kRegisterGpuMem and
+// kUnregisterMem (client device memory).
+constexpr uint32_t kProtocolVersion = 4;
 constexpr uint32_t kMsgMagic = 0x4D494843u;  // "CHIM"
 constexpr uint32_t kMaxMsgPayload = 64 * 1024;
 
@@ -42,6 +43,8 @@ enum class Op : uint16_t {
   kStatus = 6,       // flags kStatusJson: JSON; -> text
   kPing = 7,         // -> empty
   kStop = 8,         // -> empty; the server then stops
+  kRegisterGpuMem = 9,  // GpuMemExport -> RegionReply (task sessions only)
+  kUnregisterMem = 10,  // RegionReply -> empty (a region this session registered)
 };
 constexpr uint32_t kStatusJson = 1;
 
@@ -79,6 +82,25 @@ struct Welcome {
 struct MethodReply {
   uint32_t method;
   uint32_t reserved;
+};
+
+// Client device memory (chi_register_gpu_mem with a GPU in a client): a CUDA
+// IPC handle of the allocation, and the region inside it.  The server opens
+// the handle once per session and allocation, checks the range against the
+// allocation it opened, and answers the region id.
+constexpr uint32_t kGpuMemVersion = 1;
+constexpr uint32_t kIpcHandleBytes = 64;  // cudaIpcMemHandle_t, hipIpcMemHandle_t
+struct GpuMemExport {
+  uint32_t version;  // kGpuMemVersion
+  int32_t gpu;       // the server's GPU (the client's CUDA device of the same ordinal)
+  uint64_t offset;   // of the region in the allocation
+  uint64_t size;     // of the region, > 0
+  uint8_t handle[kIpcHandleBytes];
+};
+static_assert(sizeof(GpuMemExport) == 88, "fixed layout");
+
+struct RegionReply {
+  uint64_t region;
 };
 
 }  // namespace chi::ipc

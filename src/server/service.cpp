@@ -16,7 +16,7 @@
 
 namespace chi {
 
-Service::Service(Runtime &rt) : rt_(rt), stats_(rt.stats(CHI_STATS_CLIENT)) {
+Service::Service(Runtime &rt) : rt_(rt), stats_(rt.stats(CHI_STATS_CLIENT)), client_mem_(rt) {
   const ServerConfig &sc = rt.config().server;
   // Default: a quarter of the server's slots, at most 1024 (plenty to keep
   // every worker busy), so that no client can hold most of them.
@@ -71,8 +71,8 @@ ipc::Welcome Service::welcome(uint32_t session_id) const {
   return w;
 }
 
-chi_status_t Service::control(ipc::Op op, uint32_t flags, const void *payload, size_t size, std::string *reply,
-                              const std::string &who) {
+chi_status_t Service::control(uint32_t session, ipc::Op op, uint32_t flags, const void *payload, size_t size,
+                              std::string *reply, const std::string &who) {
   auto bytes = [&](const void *p, size_t n) {
     reply->assign(static_cast<const char *>(p), n);
     return CHI_OK;
@@ -110,6 +110,10 @@ chi_status_t Service::control(ipc::Op op, uint32_t flags, const void *payload, s
       request_stop();
       reply->clear();
       return CHI_OK;
+    case ipc::Op::kRegisterGpuMem:
+      return client_mem_.add(session, payload, size, reply);
+    case ipc::Op::kUnregisterMem:
+      return client_mem_.remove(session, payload, size, reply);
   }
   return fail(CHI_ERR_PROTOCOL, "unknown request " + std::to_string(unsigned(op)));
 }

@@ -17,6 +17,7 @@
 #include "chimaera.h"
 #include "core/executor.h"
 #include "ipc/wire.h"
+#include "server/client_mem.h"
 
 namespace chi {
 
@@ -81,10 +82,13 @@ class Service {
   uint32_t clients() const { return clients_.load(std::memory_order_relaxed); }
 
   // ---- control requests
-  // Answers one request: CHI_OK and the reply's bytes, or a failure and its
-  // text.  `who` names the asking session in the log (stop).
-  chi_status_t control(ipc::Op op, uint32_t flags, const void *payload, size_t size, std::string *reply,
-                       const std::string &who);
+  // Answers one request of session `session`: CHI_OK and the reply's bytes,
+  // or a failure and its text.  `who` names the asking session in the log (stop).
+  chi_status_t control(uint32_t session, ipc::Op op, uint32_t flags, const void *payload, size_t size,
+                       std::string *reply, const std::string &who);
+  // Any session ended (task or control): what it registered goes (client device memory).
+  void session_ended(uint32_t session) { client_mem_.session_ended(session); }
+  ClientMemory &client_memory() { return client_mem_; }
 
   // ---- tasks
   uint32_t max_in_flight() const { return max_in_flight_; }
@@ -136,6 +140,7 @@ class Service {
   uint32_t max_payload_;
   std::atomic<uint32_t> clients_{0};
   std::atomic<uint32_t> next_id_{1};
+  ClientMemory client_mem_;
   std::atomic<bool> stopping_{false};
   std::vector<Listener *> listeners_;
   std::mutex stop_mu_;

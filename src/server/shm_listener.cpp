@@ -295,7 +295,7 @@ void ShmListener::serve_request(Session *s) {
     st = CHI_ERR_PROTOCOL;
     reply = "unexpected message kind " + std::to_string(h.kind);
   } else {
-    st = svc_.control(ipc::Op(h.op), h.flags, buf, h.length, &reply,
+    st = svc_.control(s->id(), ipc::Op(h.op), h.flags, buf, h.length, &reply,
                       shown_ + " client " + std::to_string(s->id()) + " (pid " + std::to_string(s->pid()) + ")");
   }
   if (!ipc::send_msg(s->sock(), ipc::Kind::kControlReply, ipc::Op(0), 0, st, reply.data(),
@@ -321,6 +321,7 @@ void ShmListener::detach(Session *s, const char *why) {
     if (s->registered) pollers_->remove(s);
     svc_.left();
   }
+  svc_.session_ended(s->id());
   std::lock_guard<std::mutex> lock(sessions_mu_);
   sessions_.erase(std::remove(sessions_.begin(), sessions_.end(), s), sessions_.end());
   detached_.push_back(s);

@@ -265,7 +265,7 @@ bool ZmqListener::handle_frame(const std::string &identity, int fd, const ipc::F
       return handle_submit(*s, identity, f);
     case ipc::Kind::kControl: {
       std::string out;
-      const chi_status_t st = svc_.control(ipc::Op(f.method), uint32_t(f.route), f.payload, f.size, &out,
+      const chi_status_t st = svc_.control(s->id, ipc::Op(f.method), uint32_t(f.route), f.payload, f.size, &out,
                                            address_ + " session " + std::to_string(s->id));
       reply(identity, ipc::Kind::kControlReply, f.id, st, out.data(), out.size());
       return true;

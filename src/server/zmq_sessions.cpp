@@ -108,18 +108,18 @@ void ZmqListener::sweep_sessions(int only_fd) {
 
 void ZmqListener::evict(const std::string &identity, const char *why) {
   uint32_t id = 0;
+  bool tasks = false;
   {
     std::lock_guard<std::mutex> lock(sessions_mu_);
     auto it = sessions_.find(identity);
     if (it == sessions_.end()) return;
-    if (!it->second.tasks) {
-      sessions_.erase(it);
-      return;
-    }
     id = it->second.id;
-    svc_.left();
+    tasks = it->second.tasks;
     sessions_.erase(it);
+    if (tasks) svc_.left();
   }
+  svc_.session_ended(id);  // outside the lock: it may upload the GPUs' region tables
+  if (!tasks) return;
   // Its tasks that no worker started are dropped now; those that run finish
   // and their replies to a gone peer are dropped.
   const uint32_t dropped = cancel_tasks(&identity);

@@ -11,7 +11,10 @@
  * over shm:// and ipc://.  Then the deaths: the server SIGKILLed while a
  * client kernel waits (the kernel gets CHI_ERR_DISCONNECTED, not its
  * timeout), and a client SIGKILLed while its kernel submits (the server drops
- * it and serves the next client).  Then 8 clients at once.
+ * it and serves the next client).  Client device memory (chi_register_gpu_mem
+ * in a client): read by a server module's handler through the region,
+ * refused outside it, gone at chi_unregister_mem and when the client dies.
+ * Then 8 clients at once.
  * One program in several roles (argv[1]); the controller (no argument) never
  * touches CUDA itself.  Exit 77 without a usable GPU.
  * Extra roles for scripts/gpu-client-check.sh (not run by ctest):
@@ -292,6 +295,80 @@ static int client_until_failure(const char *address) {
   return e == cudaSuccess && s == CHI_ERR_DISCONNECTED ? 0 : 1;
 }
 
+static uint64_t fnv(const uint8_t *p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+/* Client device memory: registered with the server, read there by the
+ * module's test.memsum through the region, refused outside it, gone after
+ * chi_unregister_mem.  die: registers two regions, says "R" and SIGKILLs
+ * itself (the server must drop them).  0 ok, 1 bad, 77 no GPU. */
+static int client_mem(const char *address, bool die) {
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) return 77;
+  chi_runtime_t *rt = connect(address);
+  if (!rt) return 1;
+  const size_t n = 1u << 20;
+  std::vector<uint8_t> host(n);
+  for (size_t i = 0; i < n; ++i) host[i] = (uint8_t)(i * 7 + (i >> 9));
+  uint8_t *d = NULL;
+  if (cudaMalloc(&d, n) != cudaSuccess || cudaMemcpy(d, host.data(), n, cudaMemcpyHostToDevice) != cudaSuccess) return 1;
+  int bad = 0;
+#define MEM_CHECK(cond)                                                                    \
+  do {                                                                                     \
+    if (!(cond)) {                                                                         \
+      fprintf(stderr, "mem: line %d: %s (%s)\n", __LINE__, #cond, chi_last_error_message()); \
+      ++bad;                                                                               \
+    }                                                                                      \
+  } while (0)
+  uint64_t region = 0, r2 = 0;
+  MEM_CHECK(chi_register_gpu_mem(rt, 0, d + 4096, 65536, &region) == CHI_OK);
+  chi_method_t m = 0;
+  MEM_CHECK(chi_method_lookup(rt, "test.memsum", &m) == CHI_OK);
+  auto sum = [&](uint64_t reg, uint64_t off, uint64_t len, uint64_t *h) {
+    chi_mem_ref_t ref = {reg, off, len};
+    chi_future_t f;
+    chi_status_t s = chi_submit(rt, CHI_ROUTE_CPU, m, &ref, sizeof ref, &f);
+    return s == CHI_OK ? chi_wait(rt, f, WAIT_NS, h, sizeof *h, NULL) : s;
+  };
+  uint64_t h = 0;
+  MEM_CHECK(sum(region, 100, 1000, &h) == CHI_OK && h == fnv(host.data() + 4096 + 100, 1000));
+  MEM_CHECK(sum(region, 0, 65536, &h) == CHI_OK && h == fnv(host.data() + 4096, 65536));
+  MEM_CHECK(sum(region, 65000, 1000, &h) == CHI_ERR_INVALID); /* past the region */
+  chi_mem_ref_t ref = {region, 0, 8};
+  void *p;
+  MEM_CHECK(chi_mem_resolve(rt, &ref, &p, NULL) == CHI_ERR_INVALID); /* the server's to resolve */
+  /* Refused: past the allocation, host memory, another process's idea of a GPU. */
+  MEM_CHECK(chi_register_gpu_mem(rt, 0, d + n - 10, 100, &r2) == CHI_ERR_INVALID);
+  MEM_CHECK(chi_register_gpu_mem(rt, 0, host.data(), 16, &r2) == CHI_ERR_INVALID);
+  MEM_CHECK(chi_register_gpu_mem(rt, 99, d, 16, &r2) == CHI_ERR_INVALID);
+  /* A second region of the same allocation, then both gone. */
+  MEM_CHECK(chi_register_gpu_mem(rt, 0, d + 8192, 100, &r2) == CHI_OK && r2 != region);
+  MEM_CHECK(sum(r2, 0, 100, &h) == CHI_OK && h == fnv(host.data() + 8192, 100));
+  MEM_CHECK(chi_unregister_mem(rt, region) == CHI_OK);
+  MEM_CHECK(sum(region, 100, 1000, &h) == CHI_ERR_INVALID);
+  MEM_CHECK(chi_unregister_mem(rt, region) == CHI_ERR_INVALID);
+  MEM_CHECK(sum(r2, 0, 100, &h) == CHI_OK && h == fnv(host.data() + 8192, 100)); /* the mapping stays */
+  MEM_CHECK(chi_unregister_mem(rt, r2) == CHI_OK);
+  if (die) {
+    MEM_CHECK(chi_register_gpu_mem(rt, 0, d, 4096, &region) == CHI_OK);
+    MEM_CHECK(chi_register_gpu_mem(rt, 0, d + 4096, 4096, &r2) == CHI_OK);
+    if (bad) return 1;
+    printf("R\n");
+    fflush(stdout);
+    raise(SIGKILL);
+  }
+  if (chi_finalize(rt) != CHI_OK) ++bad;
+  cudaFree(d);
+  printf("# client device memory over %s: %s\n", address, bad ? "WRONG" : "right");
+  return bad ? 1 : 0;
+}
+
 /* Round trips of one thread, globaltimer; p50/p99 printed by the host. */
 __global__ void k_lat(chi_dev_context_t ctx, chi_route_t route, chi_method_t echo, uint32_t n, uint64_t *ns, int *bad) {
   uint8_t in[64], out[64];
@@ -349,11 +426,12 @@ static int latency(const char *address) {
   return rc;
 }
 
-static pid_t spawn(const std::vector<std::string> &args, int *out_fd) {
+static pid_t spawn(const std::vector<std::string> &args, int *out_fd, const char *log = nullptr) {
   int fds[2] = {-1, -1};
   if (out_fd && pipe(fds) != 0) return -1;
   pid_t pid = fork();
   if (pid == 0) {
+    if (log && freopen(log, "a", stdout)) dup2(STDOUT_FILENO, STDERR_FILENO);
     if (out_fd) {
       dup2(fds[1], STDOUT_FILENO);
       close(fds[0]);
@@ -384,9 +462,17 @@ static void sleep_ms(int ms) {
   nanosleep(&ts, NULL);
 }
 
-/* A server on shm:// and ipc://; false if it does not answer. */
+static std::string g_server_log;
+
+/* A server on shm:// and ipc:// with the device memory module, logging (info)
+ * to g_server_log; false if it does not answer. */
 static bool start_server(const char *shm, const char *ipc, pid_t *pid) {
-  *pid = spawn({CHI_SERVER_PATH, "--listen", shm, "--listen", ipc, "--workers", "2"}, nullptr);
+  g_server_log = std::string("/tmp/chi-client-gpu-") + std::to_string(getpid()) + ".log";
+  setenv("CHI_MODULES", CHI_MEM_MODULE_PATH, 1);
+  setenv("CHI_LOG_LEVEL", "info", 1);
+  *pid = spawn({CHI_SERVER_PATH, "--listen", shm, "--listen", ipc, "--workers", "2"}, nullptr, g_server_log.c_str());
+  unsetenv("CHI_MODULES");
+  unsetenv("CHI_LOG_LEVEL");
   char reply[256];
   size_t len = 0;
   for (int i = 0; i < 300; ++i) {
@@ -433,6 +519,7 @@ static int controller(const std::string &self) {
   if (chi_server_query(shm, "status-json", status, sizeof status, &slen) == CHI_OK && strstr(status, "\"gpus\":0")) {
     kill(srv, SIGTERM);
     wait_status(srv);
+    unlink(g_server_log.c_str());
     return 77;
   }
   int rc = 0;
@@ -460,6 +547,31 @@ static int controller(const std::string &self) {
     printf("# client SIGKILLed mid-kernel: server dropped it %s, next client exit %d\n", dropped ? "yes" : "NO", r);
     if (!dropped || r) rc = 1;
   }
+  if (rc == 0) {
+    /* Client device memory, over each transport; then a client dies holding regions. */
+    for (const char *a : {(const char *)shm, (const char *)ipc})
+      if (wait_status(spawn({self, "mem", a}, nullptr))) rc = 1;
+    int fd;
+    pid_t dier = spawn({self, "mem-die", shm}, &fd);
+    const bool said = ready(fd);
+    const int r = wait_status(dier);
+    close(fd);
+    bool dropped = false;
+    for (int i = 0; i < 400 && !dropped; ++i) {
+      std::string text;
+      if (FILE *f = fopen(g_server_log.c_str(), "r")) {
+        char buf[4096];
+        size_t got;
+        while ((got = fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, got);
+        fclose(f);
+      }
+      dropped = text.find("2 device memory region(s) unregistered") != std::string::npos;
+      if (!dropped) sleep_ms(50);
+    }
+    printf("# client SIGKILLed holding 2 device memory regions (exit %d): the server dropped them: %s\n", r,
+           dropped ? "yes" : "NO");
+    if (!said || r != 128 + SIGKILL || !dropped) rc = 1;
+  }
   if (rc == 0) rc = share(self, 8, shm);
   if (rc == 0) {
     /* The server dies while a client kernel waits: CHI_ERR_DISCONNECTED, not the timeout. */
@@ -478,6 +590,8 @@ static int controller(const std::string &self) {
   }
   kill(srv, SIGTERM);
   wait_status(srv);
+  if (rc == 0) unlink(g_server_log.c_str());
+  else fprintf(stderr, "server log: %s\n", g_server_log.c_str());
   return rc;
 }
 
@@ -490,6 +604,8 @@ int main(int argc, char **argv) {
   if (argc >= 5 && !strcmp(argv[1], "routes"))
     return client_routes(argv[2], (uint32_t)atoi(argv[3]), (uint32_t)atoi(argv[4]), argc >= 6);
   if (argc >= 3 && !strcmp(argv[1], "until-failure")) return client_until_failure(argv[2]);
+  if (argc >= 3 && !strcmp(argv[1], "mem")) return client_mem(argv[2], false);
+  if (argc >= 3 && !strcmp(argv[1], "mem-die")) return client_mem(argv[2], true);
   if (argc >= 4 && !strcmp(argv[1], "share")) return share(self, atoi(argv[2]), argv[3]);
   if (argc >= 2 && !strcmp(argv[1], "lat")) return latency(argc >= 3 ? argv[2] : NULL);
   return controller(self);
