@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -59,6 +60,11 @@ class RelayGpu final : public ClientGpu, public D2hRelay {
     for (const Pending &p : incoming_) (void)client_.release(p.slot, p.gen);
     for (const Pending &p : out_) (void)client_.release(p.slot, p.gen);
     poller_.reset();
+    if (host_only_) {
+      std::free(pinned_);
+      std::free(dev_);
+      return;
+    }
     DeviceGuard guard(id_);
     if (dev_) (void)cudaFree(dev_);
     if (pinned_) (void)cudaFreeHost(pinned_);
@@ -67,6 +73,7 @@ class RelayGpu final : public ClientGpu, public D2hRelay {
   }
 
   chi_status_t start() {
+    if (relay_host_memory()) return start_host_only();
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || id_ >= n) {
       (void)cudaGetLastError();
@@ -106,8 +113,37 @@ class RelayGpu final : public ClientGpu, public D2hRelay {
     cudaError_t e = cudaMemsetAsync(dev_, 0, dc.size, stream_);
     if (e == cudaSuccess) e = cudaStreamSynchronize(stream_);
     if (e != cudaSuccess) return cuda_error(CHI_ERR_INTERNAL, id_, "initializing device memory", e);
+    run(c, pdev);
+    sweep_thread_ = std::thread([this] { sweep_loop(); });
+    log(LogLevel::kInfo,
+        "GPU %d: client kernels' relay: %u device slots, %u pollers; %.1f MiB pinned, %.1f MiB device", id_,
+        shape_.dslots, shape_.cpu_pollers, hc.size / 1048576.0, dc.size / 1048576.0);
+    return CHI_OK;
+  }
+
+  // CHI_RELAY_HOST_MEMORY=1 (tests only): the same relay over plain host
+  // memory, no CUDA call at all, so that a test without a GPU plays the
+  // kernel's part on the ring (tests/test_client_relay.cpp).  No kernel can
+  // use such a context; released slots are never swept.
+  chi_status_t start_host_only() {
+    host_only_ = true;
+    shape_ = make_shape(local_.config(), 1024);  // no GPU to size for: the sizes of the configuration
+    Carver hc, dc;
+    D2hCarve c;
+    carve_d2h(shape_, hc, dc, &c);
+    pinned_ = static_cast<uint8_t *>(std::aligned_alloc(4096, (hc.size + 4095) & ~size_t(4095)));
+    dev_ = static_cast<uint8_t *>(std::aligned_alloc(4096, (dc.size + 4095) & ~size_t(4095)));
+    if (!pinned_ || !dev_) return set_error(CHI_ERR_NOMEM, "GPU %d: relay memory", id_);
+    std::memset(pinned_, 0, hc.size);
+    std::memset(dev_, 0, dc.size);
+    run(c, pinned_);
+    return CHI_OK;
+  }
+
+  // Fills the context and starts the pollers and the completion thread.
+  void run(const D2hCarve &c, uint8_t *pinned_dev) {
     std::memset(&layout_, 0, sizeof layout_);
-    fill_d2h_layout(shape_, c, pdev, dev_, id_, ngpus_, &layout_);
+    fill_d2h_layout(shape_, c, pinned_dev, dev_, id_, ngpus_, &layout_);
     layout_.flags = CHI_DEV_CTX_RELAY;
     layout_.lease_us = 0;  // no orchestrator here: nothing steps aside
     const bool bufs = shape_.max_payload > CHI_DEV_LL_INLINE;
@@ -115,12 +151,7 @@ class RelayGpu final : public ClientGpu, public D2hRelay {
                                           reinterpret_cast<uint64_t *>(pinned_ + c.reply),
                                           bufs ? pinned_ + c.buf : nullptr, nullptr, this);
     done_thread_ = std::thread([this] { complete_loop(); });
-    sweep_thread_ = std::thread([this] { sweep_loop(); });
     poller_->start();
-    log(LogLevel::kInfo,
-        "GPU %d: client kernels' relay: %u device slots, %u pollers; %.1f MiB pinned, %.1f MiB device", id_,
-        shape_.dslots, shape_.cpu_pollers, hc.size / 1048576.0, dc.size / 1048576.0);
-    return CHI_OK;
   }
 
   void context(chi_dev_context_t *ctx) const override {
@@ -282,6 +313,7 @@ class RelayGpu final : public ClientGpu, public D2hRelay {
   uint8_t *pinned_ = nullptr;
   uint8_t *dev_ = nullptr;
   uint32_t *released_copy_ = nullptr;  // pinned
+  bool host_only_ = false;             // start_host_only: malloc'd, no CUDA
   chi_dev_ctx_layout_t layout_{};
   std::unique_ptr<CpuPoller> poller_;
   std::atomic<bool> quit_{false};
@@ -297,6 +329,11 @@ class RelayGpu final : public ClientGpu, public D2hRelay {
 
 }  // namespace
 }  // namespace gpu
+
+bool relay_host_memory() {
+  const char *e = std::getenv("CHI_RELAY_HOST_MEMORY");
+  return e && std::strcmp(e, "1") == 0;
+}
 
 chi_status_t create_client_gpu(Client &client, Runtime &local, int32_t gpu, int32_t ngpus,
                                std::unique_ptr<ClientGpu> *out) {

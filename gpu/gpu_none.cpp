@@ -22,4 +22,6 @@ chi_status_t export_gpu_mem(int32_t gpu, const void *, size_t, void *, size_t, u
   return set_error(CHI_ERR_NO_DEVICE, "GPU %d: chimaera was built without CUDA/HIP", gpu);
 }
 
+bool relay_host_memory() { return false; }
+
 }  // namespace chi

@@ -48,16 +48,18 @@ chi_status_t Client::local(bool create, Runtime **rt) {
 }
 
 chi_status_t Client::gpu_context(int32_t gpu, chi_dev_context_t *ctx) {
-  if (gpus_ == 0)
+  // A test's host-memory relay stands for GPU 0 of a server without one.
+  const int32_t gpus = relay_host_memory() && gpus_ == 0 ? 1 : gpus_;
+  if (gpus == 0)
     return set_error(CHI_ERR_NO_DEVICE, "the server %s drives no GPU (or gpu.devices is 0)", address_.c_str());
-  if (gpu < 0 || gpu >= gpus_)
-    return set_error(CHI_ERR_INVALID, "GPU %d out of range: the server drives %d GPU(s)", gpu, gpus_);
+  if (gpu < 0 || gpu >= gpus)
+    return set_error(CHI_ERR_INVALID, "GPU %d out of range: the server drives %d GPU(s)", gpu, gpus);
   Runtime *l;
   if (chi_status_t s = local(true, &l); s != CHI_OK) return s;
   std::lock_guard<std::mutex> lock(local_mu_);
-  if (gpus_relay_.size() < size_t(gpus_)) gpus_relay_.resize(size_t(gpus_));
+  if (gpus_relay_.size() < size_t(gpus)) gpus_relay_.resize(size_t(gpus));
   if (!gpus_relay_[gpu])
-    if (chi_status_t s = create_client_gpu(*this, *l, gpu, gpus_, &gpus_relay_[gpu]); s != CHI_OK) return s;
+    if (chi_status_t s = create_client_gpu(*this, *l, gpu, gpus, &gpus_relay_[gpu]); s != CHI_OK) return s;
   gpus_relay_[gpu]->context(ctx);
   return CHI_OK;
 }

@@ -35,6 +35,12 @@ class ClientGpu {
 chi_status_t create_client_gpu(Client &client, Runtime &local, int32_t gpu, int32_t ngpus,
                                std::unique_ptr<ClientGpu> *out);
 
+// Tests only: CHI_RELAY_HOST_MEMORY=1 puts a relay in plain host memory with
+// no CUDA call, even without a GPU or a server GPU, so that a test plays the
+// kernel's part on its ring (tests/test_client_relay.cpp).  False in a build
+// without CUDA/HIP.
+bool relay_host_memory();
+
 // chi_register_gpu_mem(gpu >= 0) in a client: checks that [ptr, ptr + size)
 // is device memory of the client's CUDA device `gpu` inside one allocation,
 // and gives that allocation's CUDA IPC handle (handle_size >= 64 bytes) and
