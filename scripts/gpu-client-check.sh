@@ -44,15 +44,16 @@ step() {  # NAME COMMAND...: bounded, output in $OUT/NAME.log, rc in the summary
   return $rc
 }
 
-with_server() {  # MODE: starts a server on shm://chi-cc-MODE, runs share and lat, stops it
+with_server() {  # MODE: embedded lat alone, then a server on shm://chi-cc-MODE for share and client lat
   local mode=$1 addr="shm://chi-cc-$1-$$" pid i
+  # Embedded first, with no server on the GPU (its orchestrator would share the GPU).
+  step "lat-embedded-$mode" "$T" lat
   "$SERVER" --listen "$addr" >"$OUT/server-$mode.log" 2>&1 &
   pid=$!
   for i in $(seq 100); do "$BUILD/src/tools/chimaera-ctl" --address "$addr" ping >/dev/null 2>&1 && break; sleep 0.1; done
   "$BUILD/src/tools/chimaera-ctl" --address "$addr" status >"$OUT/status-$mode.txt" 2>&1
   step "share8-$mode" "$T" share 8 "$addr"
   step "lat-client-$mode" "$T" lat "$addr"
-  step "lat-embedded-$mode" "$T" lat
   kill -TERM "$pid"; wait "$pid"
   echo "server-$mode: exit $?" | tee -a "$SUMMARY"
 }
