@@ -468,7 +468,7 @@ chi_status_t ZmqClient::test(uint32_t i, uint32_t gen, int *done) {
 
 bool ZmqClient::finished(uint32_t i, uint32_t gen) const {
   if (i >= nslots_.load(std::memory_order_acquire)) return false;
-  return slots_[i].word.load(std::memory_order_acquire) == slot::word(gen, slot::kDone);
+  return (slots_[i].word.load(std::memory_order_acquire) & ~slot::kSleeper) == slot::word(gen, slot::kDone);
 }
 
 chi_status_t ZmqClient::release(uint32_t i, uint32_t gen) {
