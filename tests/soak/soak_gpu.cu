@@ -570,8 +570,10 @@ int main(int argc, char **argv) {
     const int64_t t0 = now_ms();
     soak_round<<<blocks, threads, 0, stream>>>(ctx, p);
     cudaError_t e = cudaGetLastError();
-    while (e == cudaSuccess && (e = cudaStreamQuery(stream)) == cudaErrorNotReady) {
-      if (now_ms() - t0 >= int64_t(round_bound_s) * 1000) break;
+    /* Until the round ends, a CUDA error, or the bound. */
+    while (e == cudaSuccess || e == cudaErrorNotReady) {
+      e = cudaStreamQuery(stream);
+      if (e != cudaErrorNotReady || now_ms() - t0 >= int64_t(round_bound_s) * 1000) break;
       usleep(200);
     }
     if (e == cudaErrorNotReady) {
