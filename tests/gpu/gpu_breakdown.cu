@@ -213,7 +213,31 @@ __global__ void k_device_route(chi_dev_context_t ctx, chi_route_t route, chi_met
 
 /* One thread copies 4 KiB, `reps` times: mode 0 a 16-byte load-store loop
  * through volatile loads (so nothing reorders them: the old copy), mode 1
- * chi_dev_detail::thread_copy (loads in batches).  *ns: total. */
+ * chi_dev_detail::thread_copy (plain loads in batches); modes 2-4 batches
+ * of 8 16-byte loads with ld.volatile, ld.relaxed.sys and ld.global.cv
+ * (which of them a thread keeps in flight at once).  *ns: total. */
+template <int kMode>
+__device__ void load8(const uint8_t *p, uint64_t *a, uint64_t *b) {
+  if (kMode == 2)
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
+  else if (kMode == 3)
+    asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
+  else
+    asm volatile("ld.global.cv.v2.u64 {%0, %1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
+}
+template <int kMode>
+__device__ void batch_copy(const uint8_t *src, uint8_t *dst, uint32_t bytes) {
+  for (uint32_t i = 0; i < bytes; i += 128u) {
+    uint64_t a[8], b[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) load8<kMode>(src + i + 16u * k, &a[k], &b[k]);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      reinterpret_cast<uint64_t *>(dst + i + 16u * k)[0] = a[k];
+      reinterpret_cast<uint64_t *>(dst + i + 16u * k)[1] = b[k];
+    }
+  }
+}
 __global__ void k_copy_probe(const uint8_t *src, uint8_t *dst, uint32_t bytes, uint32_t reps, int mode,
                              uint64_t *ns) {
   const uint64_t t0 = chi_port::timer_ns();
@@ -225,12 +249,35 @@ __global__ void k_copy_probe(const uint8_t *src, uint8_t *dst, uint32_t bytes, u
         reinterpret_cast<uint64_t *>(dst + i)[0] = a;
         reinterpret_cast<uint64_t *>(dst + i)[1] = b;
       }
-    } else {
+    } else if (mode == 1) {
       chi_dev_detail::thread_copy(dst, src, bytes);
+    } else if (mode == 2) {
+      batch_copy<2>(src, dst, bytes);
+    } else if (mode == 3) {
+      batch_copy<3>(src, dst, bytes);
+    } else {
+      batch_copy<4>(src, dst, bytes);
     }
     __threadfence();
   }
   *ns = chi_port::timer_ns() - t0;
+}
+/* One thread: `reps` system-scope fences, or acquire loads of host memory. */
+__global__ void k_fence_probe(const uint64_t *host, uint32_t reps, int mode, uint64_t *ns) {
+  uint64_t sink = 0;
+  const uint64_t t0 = chi_port::timer_ns();
+  for (uint32_t r = 0; r < reps; ++r) {
+    if (mode == 0) {
+      chi_port::fence_acquire_sys();
+    } else if (mode == 1) {
+      __threadfence_system();
+    } else {
+      uint64_t v;
+      asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(host) : "memory");
+      sink += v;
+    }
+  }
+  *ns = chi_port::timer_ns() - t0 + (sink == 1234567 ? 1 : 0);
 }
 
 /* ---------------------------------------------------------------- reporting */
@@ -422,15 +469,22 @@ int main(int argc, char **argv) {
     BD_CHECK(cudaMalloc((void **)&ddst, 4096));
     BD_CHECK(cudaHostAlloc((void **)&ns, sizeof(uint64_t), cudaHostAllocMapped));
     const uint32_t reps = 200;
-    const char *names[2][2] = {{"host->dev, 16-byte load-store loop", "host->dev, thread_copy (batched loads)"},
-                               {"dev->dev, 16-byte load-store loop", "dev->dev, thread_copy (batched loads)"}};
+    const char *names[5] = {"16-byte volatile load-store loop", "thread_copy (plain loads, batched)",
+                            "8 x ld.volatile in flight", "8 x ld.relaxed.sys in flight", "8 x ld.global.cv in flight"};
     printf("%-8s %6s  %-44s %9s\n", "probe", "bytes", "one thread copies", "us each");
     for (int from = 0; from < 2; ++from)
-      for (int mode = 0; mode < 2; ++mode) {
+      for (int mode = 0; mode < 5; ++mode) {
         k_copy_probe<<<1, 1, 0, stream>>>(from == 0 ? hdev : dsrc, ddst, 4096, reps, mode, ns);
         BD_CHECK(cudaStreamSynchronize(stream));
-        printf("%-8s %6u  %-44s %9.3f\n", "copy", 4096u, names[from][mode], double(*ns) / reps / 1e3);
+        printf("%-8s %6u  %-44s %9.3f\n", from == 0 ? "host" : "device", 4096u, names[mode], double(*ns) / reps / 1e3);
       }
+    const char *fnames[3] = {"fence.acq_rel.sys (fence_acquire_sys)", "__threadfence_system()",
+                             "ld.acquire.sys of a host word"};
+    for (int mode = 0; mode < 3; ++mode) {
+      k_fence_probe<<<1, 1, 0, stream>>>(reinterpret_cast<const uint64_t *>(hdev), 10000, mode, ns);
+      BD_CHECK(cudaStreamSynchronize(stream));
+      printf("%-8s %6s  %-44s %9.3f\n", "fence", "-", fnames[mode], double(*ns) / 10000 / 1e3);
+    }
   }
   BD_CHECK(cudaStreamSynchronize(stream));
   chi_finalize(rt);
