@@ -30,11 +30,22 @@ CHI_TLS const void *tls_pool = nullptr;
 CHI_TLS uint32_t tls_worker = 0;
 CHI_TLS int tls_help_depth = 0;
 CHI_TLS bool tls_submit_never_blocks = false;
+CHI_TLS uint32_t tls_free_hint = 0;  // the free-slot shard this thread last took from
+CHI_TLS uint32_t tls_pops = 0;       // pop_task calls of this worker
+constexpr uint32_t kRotateEvery = 16;
 
-// Ring cells of the shared run queue and of each worker's own queue; deeper
-// queues spill into lists (see run_queue.h).  A ring's memory is touched as
-// its positions cycle, so these bound it (128 bytes a cell).
+// Free-slot shards and run queues of application threads: enough that the
+// submitters of a 16-core machine each have their own (threads share them
+// beyond that), few enough that an idle worker polls them all cheaply.
+constexpr uint32_t kFreeShards = 32;
+constexpr uint32_t kMaxSharedRings = 16;
+
+// Ring cells of the application threads' run queues (all together, at least
+// kMinSharedRingCells each) and of each worker's own queue; deeper queues
+// spill into lists (see run_queue.h).  A ring's memory is touched as its
+// positions cycle, so these bound it (128 bytes a cell).
 constexpr uint32_t kSharedRingCells = 4096;
+constexpr uint32_t kMinSharedRingCells = 256;
 constexpr uint32_t kWorkerRingCells = 1024;
 
 // The slot arena is reserved whole and committed in steps of at least this
@@ -135,9 +146,12 @@ chi_status_t CpuExecutor::start() {
                      arena_size_, nslots_);
   }
   arena_ = static_cast<uint8_t *>(mem);
-  free_.init(nslots_);
+  free_.init(nslots_, kFreeShards);
   links_.allocate(nslots_);
-  run_.init(ring_cells(nslots_, kSharedRingCells), &links_[0]);
+  nrings_ = std::max(1u, std::min(cfg_.workers, kMaxSharedRings));
+  run_.reset(new RunQueue[nrings_]);
+  for (uint32_t i = 0; i < nrings_; ++i)
+    run_[i].init(ring_cells(nslots_, std::max(kMinSharedRingCells, kSharedRingCells / nrings_)), &links_[0]);
   local_.reset(new RunQueue[cfg_.workers]);
   for (uint32_t i = 0; i < cfg_.workers; ++i)
     local_[i].init(ring_cells(nslots_, kWorkerRingCells), &links_[0]);
@@ -209,7 +223,9 @@ bool CpuExecutor::grow(uint32_t want) {
 }
 
 CpuExecutor::Take CpuExecutor::try_acquire(uint32_t *index) {
-  if (free_.pop(index)) return Take::kGot;
+  // Recycled slots first, this thread's own shard before the others: a slot
+  // never used before costs fresh memory.
+  if (free_.pop(thread_index() % kFreeShards, index, &tls_free_hint)) return Take::kGot;
   // No slot to recycle: one never used before, committing memory for more.
   uint32_t f = fresh_.load(std::memory_order_relaxed);
   for (;;) {
@@ -234,17 +250,18 @@ chi_status_t CpuExecutor::acquire_slot(uint32_t *index, bool may_block) {
   int64_t deadline = now_ns() + int64_t(cfg_.submit_timeout_ms) * 1000000;
   for (;;) {
     int64_t spin_end = now_ns() + cfg_.spin_ns;
+    const uint32_t shard = thread_index() % kFreeShards;
     do {
-      if (free_.pop(index)) return CHI_OK;
+      if (free_.pop(shard, index, &tls_free_hint)) return CHI_OK;
       cpu_relax();
     } while (now_ns() < spin_end);
     free_waiters_.fetch_add(1, std::memory_order_seq_cst);
     uint32_t seq = free_seq_.load(std::memory_order_seq_cst);
-    bool got = free_.pop(index);
+    bool got = free_.pop(shard, index, &tls_free_hint);
     if (!got) {
       int64_t left = deadline - now_ns();
       if (left > 0) futex_wait(&free_seq_, seq, left);
-      got = free_.pop(index);
+      got = free_.pop(shard, index, &tls_free_hint);
     }
     free_waiters_.fetch_sub(1, std::memory_order_relaxed);
     if (got) return CHI_OK;
@@ -257,7 +274,7 @@ chi_status_t CpuExecutor::acquire_slot(uint32_t *index, bool may_block) {
 void CpuExecutor::free_slot(uint32_t index) {
   Slot *s = slot_at(index);
   slot::set_free(s->state);
-  free_.push(index);
+  free_.push(thread_index() % kFreeShards, index);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (free_waiters_.load(std::memory_order_relaxed) > 0) {
     free_seq_.fetch_add(1, std::memory_order_release);
@@ -320,8 +337,21 @@ void CpuExecutor::queue_task(uint32_t index, chi_method_t method, const void *in
   // Never full: a queue holds at most nslots_ entries.  The push publishes the
   // slot.
   QueuedTask task{index, method, uint32_t(input_size)};
-  (worker ? local_[tls_worker] : run_).push(task, input, input_of(index, input_size));
+  if (worker)
+    local_[tls_worker].push(task, input, input_of(index, input_size));
+  else
+    push_shared(task, input, input_of(index, input_size));
   notify_worker();
+}
+
+void CpuExecutor::push_shared(const QueuedTask &task, const void *input, uint8_t *slot_input) {
+  const uint32_t home = thread_index() % nrings_;
+  // The thread's own queue; when it is full or held up by a descheduled
+  // consumer, the next ones.  Only when every ring refuses does the task
+  // spill (a backlog of thousands of tasks), into its own queue's list.
+  for (uint32_t k = 0, r = home; k < nrings_; ++k, r = r + 1 == nrings_ ? 0 : r + 1)
+    if (run_[r].try_push(task, input)) return;
+  run_[home].spill(task, input, slot_input);
 }
 
 uint32_t CpuExecutor::slots_in_use() const {
@@ -375,7 +405,14 @@ bool CpuExecutor::pop_task(QueuedTask *task, bool own_only) {
   const bool worker = on_worker_thread();
   if (worker && local_[tls_worker].pop(task, input_dst, this)) return true;
   if (own_only) return false;
-  if (run_.pop(task, input_dst, this)) return true;
+  // Application threads' queues, this worker's own first, except on one
+  // pop in kRotateEvery, which starts at the next queue in turn: a worker
+  // busy with its own queue still visits every other one, so a queue whose
+  // workers are all held up in long handlers is not left behind for long.
+  uint32_t first = worker ? tls_worker % nrings_ : 0;
+  if (++tls_pops % kRotateEvery == 0) first = (first + tls_pops / kRotateEvery) % nrings_;
+  for (uint32_t k = 0, r = first; k < nrings_; ++k, r = r + 1 == nrings_ ? 0 : r + 1)
+    if (run_[r].pop(task, input_dst, this)) return true;
   // Steal children that busy handlers queued on their own workers.
   uint32_t n = cfg_.workers, start = worker ? tls_worker + 1 : 0;
   for (uint32_t k = 0; k < n; ++k) {
@@ -386,7 +423,8 @@ bool CpuExecutor::pop_task(QueuedTask *task, bool own_only) {
 }
 
 bool CpuExecutor::any_task() const {
-  if (run_.maybe_nonempty()) return true;
+  for (uint32_t r = 0; r < nrings_; ++r)
+    if (run_[r].maybe_nonempty()) return true;
   for (uint32_t w = 0; w < cfg_.workers; ++w)
     if (local_[w].maybe_nonempty()) return true;
   return false;

@@ -14,7 +14,7 @@
 
 #include "config/config.h"
 #include "core/executor.h"
-#include "core/free_stack.h"
+#include "core/sharded_free_stack.h"
 #include "core/run_queue.h"
 #include "core/registry.h"
 #include "core/stats.h"
@@ -76,6 +76,8 @@ class CpuExecutor final : public Executor {
   void free_slot(uint32_t index);
   void run_task(const QueuedTask &task);
   bool pop_task(QueuedTask *task, bool own_only);
+  // Queues an application thread's task on its run queue, else another one.
+  void push_shared(const QueuedTask &task, const void *input, uint8_t *slot_input);
   static uint8_t *input_dst(void *self, uint32_t slot);
   bool any_task() const;
   void worker_main(unsigned id);
@@ -98,9 +100,15 @@ class CpuExecutor final : public Executor {
   size_t committed_bytes_ = 0;          // under grow_mu_
   std::atomic<uint32_t> committed_{0};  // slots whose memory is usable
   std::atomic<uint32_t> fresh_{0};      // slots handed out at least once: [0, fresh_)
-  FreeStack free_;
+  ShardedFreeStack free_;  // a shard per group of threads (thread_index())
   ZeroedArray<SpillLink> links_;  // the run queues' spill lists
-  RunQueue run_;  // tasks from application threads
+  // Tasks from application threads: one queue per group of submitting
+  // threads (thread_index() % nrings_), each the first choice of some
+  // workers, so that submitters and workers do not all meet on one head and
+  // one tail, and a consumer descheduled inside a pop holds up one queue,
+  // whose producers then use the next.
+  std::unique_ptr<RunQueue[]> run_;
+  uint32_t nrings_ = 1;
   // Tasks that a handler submits go to its worker's own queue, so that a
   // waiting worker runs its own children first (see wait()).
   std::unique_ptr<RunQueue[]> local_;

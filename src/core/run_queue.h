@@ -51,7 +51,19 @@ class RunQueue {
   // cell, or is copied to slot_input if the task spills; larger inputs must
   // already be in the slot's input buffer.  Never fails: a full ring spills.
   void push(const QueuedTask &t, const void *input, uint8_t *slot_input) {
-    if (spilled_.load(std::memory_order_acquire) == 0 && push_ring(t, input)) return;
+    if (!try_push(t, input)) spill(t, input, slot_input);
+  }
+
+  // Queues a task in the ring unless the ring is full, its cell at the tail
+  // is still held by a consumer of the previous lap (one descheduled between
+  // its claim and its hand-back), or tasks wait in the spill list (they go
+  // first).  False: nothing was queued; push elsewhere or spill().
+  bool try_push(const QueuedTask &t, const void *input) {
+    return spilled_.load(std::memory_order_acquire) == 0 && push_ring(t, input);
+  }
+
+  // Queues a task at the end of the spill list (see push()).
+  void spill(const QueuedTask &t, const void *input, uint8_t *slot_input) {
     if (t.input_size && t.input_size <= kInline) std::memcpy(slot_input, input, t.input_size);
     SpillLink &l = links_[t.slot];
     l.method = t.method;
@@ -132,11 +144,17 @@ class RunQueue {
       int64_t diff = int64_t(seq_at(pos)) - int64_t(pos + 1);
       if (diff == 0) {
         if (head_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+          // Until set_seq hands the cell back, a producer a lap ahead cannot
+          // use it: copy out to the stack and hand it back before touching
+          // the slot (which may miss in cache or fault a fresh page in), so
+          // a consumer descheduled here holds up the ring as briefly as can be.
           Cell &c = cells_[pos & mask_];
           *t = c.task;
-          if (t->input_size && t->input_size <= kInline)
-            std::memcpy(input_dst(ctx, t->slot), c.data, t->input_size);
-          set_seq(pos, pos + mask_ + 1);
+          uint8_t in[kInline];
+          const bool inline_input = t->input_size && t->input_size <= kInline;
+          if (inline_input) std::memcpy(in, c.data, t->input_size);
+          set_seq(pos, pos + mask_ + 1);  // release: our reads of the cell come first
+          if (inline_input) std::memcpy(input_dst(ctx, t->slot), in, t->input_size);
           return true;
         }
       } else if (diff < 0) {

@@ -54,7 +54,7 @@ unsigned assign_index() {
 }
 }  // namespace
 
-unsigned RouteStats::thread_index() {
+unsigned thread_index() {
   unsigned i = tls_index;
   if (__builtin_expect(i == 0, 0)) i = tls_index = assign_index() + 1;
   return i - 1;

@@ -17,6 +17,12 @@
 
 namespace chi {
 
+// A small number for the calling thread, unique among the live threads of
+// the process (an exited thread's number is handed out again): the per-thread
+// line of RouteStats, and the shard of the CPU pool's free slots and run
+// queues that the thread uses first.
+unsigned thread_index();
+
 class RouteStats {
  public:
   // Of the tasks a thread submits, one in kSampleEvery is timed.
@@ -57,7 +63,6 @@ class RouteStats {
   struct alignas(64) Hist {
     std::atomic<uint64_t> n[kBuckets] = {};
   };
-  static unsigned thread_index();
   void add(std::atomic<uint64_t> Line::*counter) {
     const unsigned i = thread_index();
     if (i < kOwnLines) {
