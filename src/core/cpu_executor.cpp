@@ -148,7 +148,9 @@ chi_status_t CpuExecutor::start() {
   arena_ = static_cast<uint8_t *>(mem);
   free_.init(nslots_, kFreeShards);
   links_.allocate(nslots_);
-  nrings_ = std::max(1u, std::min(cfg_.workers, kMaxSharedRings));
+  // A power of two (the ring of a thread is a mask away), at most one per worker.
+  nrings_ = 1;
+  while (nrings_ * 2 <= std::min(cfg_.workers, kMaxSharedRings)) nrings_ *= 2;
   run_.reset(new RunQueue[nrings_]);
   for (uint32_t i = 0; i < nrings_; ++i)
     run_[i].init(ring_cells(nslots_, std::max(kMinSharedRingCells, kSharedRingCells / nrings_)), &links_[0]);
@@ -345,7 +347,7 @@ void CpuExecutor::queue_task(uint32_t index, chi_method_t method, const void *in
 }
 
 void CpuExecutor::push_shared(const QueuedTask &task, const void *input, uint8_t *slot_input) {
-  const uint32_t home = thread_index() % nrings_;
+  const uint32_t home = thread_index() & (nrings_ - 1);
   // The thread's own queue; when it is full or held up by a descheduled
   // consumer, the next ones.  Only when every ring refuses does the task
   // spill (a backlog of thousands of tasks), into its own queue's list.
@@ -409,8 +411,8 @@ bool CpuExecutor::pop_task(QueuedTask *task, bool own_only) {
   // pop in kRotateEvery, which starts at the next queue in turn: a worker
   // busy with its own queue still visits every other one, so a queue whose
   // workers are all held up in long handlers is not left behind for long.
-  uint32_t first = worker ? tls_worker % nrings_ : 0;
-  if (++tls_pops % kRotateEvery == 0) first = (first + tls_pops / kRotateEvery) % nrings_;
+  uint32_t first = worker ? tls_worker & (nrings_ - 1) : 0;
+  if (++tls_pops % kRotateEvery == 0) first = (first + tls_pops / kRotateEvery) & (nrings_ - 1);
   for (uint32_t k = 0, r = first; k < nrings_; ++k, r = r + 1 == nrings_ ? 0 : r + 1)
     if (run_[r].pop(task, input_dst, this)) return true;
   // Steal children that busy handlers queued on their own workers.

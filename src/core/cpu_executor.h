@@ -108,7 +108,7 @@ class CpuExecutor final : public Executor {
   // one tail, and a consumer descheduled inside a pop holds up one queue,
   // whose producers then use the next.
   std::unique_ptr<RunQueue[]> run_;
-  uint32_t nrings_ = 1;
+  uint32_t nrings_ = 1;  // a power of two
   // Tasks that a handler submits go to its worker's own queue, so that a
   // waiting worker runs its own children first (see wait()).
   std::unique_ptr<RunQueue[]> local_;

@@ -10,7 +10,6 @@ namespace {
 // initial-exec: read on every submit and finish; the default TLS model of a
 // shared library costs a call per access.
 #define CHI_STATS_TLS thread_local __attribute__((tls_model("initial-exec")))
-CHI_STATS_TLS unsigned tls_index = 0;  // 0: not assigned yet, else index + 1
 CHI_STATS_TLS uint32_t tls_sample = 0;
 
 // Indices of exited threads are handed out again, so a process that starts
@@ -30,7 +29,7 @@ struct IndexReturn {
   unsigned index = 0;  // + 1; 0: none
   ~IndexReturn() {
     if (!index) return;
-    tls_index = 0;
+    detail::tls_thread_index = 0;
     std::lock_guard<std::mutex> lock(index_mu());
     free_indices().push_back(index - 1);
   }
@@ -54,11 +53,15 @@ unsigned assign_index() {
 }
 }  // namespace
 
-unsigned thread_index() {
-  unsigned i = tls_index;
-  if (__builtin_expect(i == 0, 0)) i = tls_index = assign_index() + 1;
-  return i - 1;
+namespace detail {
+CHI_STATS_TLS unsigned tls_thread_index = 0;
+
+unsigned assign_thread_index() {
+  const unsigned i = assign_index();
+  tls_thread_index = i + 1;
+  return i;
 }
+}  // namespace detail
 
 bool RouteStats::sample() {
   return (tls_sample++ % kSampleEvery) == 0;

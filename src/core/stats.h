@@ -17,11 +17,21 @@
 
 namespace chi {
 
+namespace detail {
+// initial-exec: read on every submit, wait and finish; the default TLS model
+// of a shared library costs a call per access.
+extern thread_local __attribute__((tls_model("initial-exec"))) unsigned tls_thread_index;  // index + 1; 0: none yet
+unsigned assign_thread_index();  // sets tls_thread_index
+}  // namespace detail
+
 // A small number for the calling thread, unique among the live threads of
 // the process (an exited thread's number is handed out again): the per-thread
 // line of RouteStats, and the shard of the CPU pool's free slots and run
 // queues that the thread uses first.
-unsigned thread_index();
+inline unsigned thread_index() {
+  const unsigned i = detail::tls_thread_index;
+  return __builtin_expect(i != 0, 1) ? i - 1 : detail::assign_thread_index();
+}
 
 class RouteStats {
  public:
