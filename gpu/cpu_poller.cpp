@@ -99,7 +99,9 @@ bool CpuPoller::serve(uint64_t ticket, unsigned char *in, unsigned char *out) {
 void CpuPoller::reply(uint32_t slot, uint32_t gen, chi_status_t status, const void *out, size_t osize) {
   uint64_t *r = reply_ + uint64_t(slot) * CHI_DEV_LL_WORDS;
   if (osize <= CHI_DEV_LL_INLINE) {
-    ll_put_payload(r, static_cast<const unsigned char *>(out), uint32_t(osize), gen);
+    // Dense, after the header words: the device reads it with plain loads
+    // after its acquire load of word 0 sees `gen` (docs/gpu.md).
+    if (osize) std::memcpy(reinterpret_cast<unsigned char *>(r + CHI_DEV_LL_HEADER), out, osize);
   } else {
     std::memcpy(buf_ + slot * shape_.payload_stride, out, osize);
   }

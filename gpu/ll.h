@@ -49,4 +49,11 @@ inline bool ll_get_payload(const uint64_t *rec, void *dst, uint32_t n, uint32_t 
   return true;
 }
 
+// A GPU->CPU reply record's output of n (<= CHI_DEV_LL_INLINE) bytes: dense
+// after the header words, complete once word 0 carries the generation (the
+// writer stores it last, with release).
+inline void reply_get_inline(const uint64_t *rec, void *dst, uint32_t n) {
+  std::memcpy(dst, rec + CHI_DEV_LL_HEADER, n);
+}
+
 }  // namespace chi::gpu

@@ -221,33 +221,34 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
     return status;
   }
 
-  /* GPU->CPU: the reply is in host memory.  Polls read its header only (one
-   * 16-byte load per PCIe round trip, which spares the bus when thousands
-   * of warps wait); once it carries this generation, the output is read
-   * with all its loads in flight (take_reply_output). */
+  /* GPU->CPU: the reply is in host memory.  Polls are acquire loads of its
+   * word 0 (one PCIe round trip each; they spare the bus when thousands of
+   * warps wait); once it carries this generation, word 1 and the output are
+   * read with plain loads, all in flight at once (take_reply_output). */
   uint32_t *state = l->d2h_state + slot;
   const uint64_t *rec = l->d2h_reply + static_cast<uint64_t>(slot) * CHI_DEV_LL_WORDS;
   /* The state check (device memory) overlaps the first read of the reply (host memory). */
   const uint32_t s = chi_port::ld_relaxed_dev(state);
-  uint64_t ha, hb;
-  chi_port::ll_load16(rec, &ha, &hb);
+  uint64_t w0 = chi_port::ld_acquire_sys(rec);
   if (s != ((gen << 8) | CHI_DEV_SLOT_SUBMITTED)) return CHI_ERR_INVALID;
-  while (ll_flag(ha) != gen || ll_flag(hb) != gen) {
+  while (ll_flag(w0) != gen) {
     const uint64_t waited = chi_port::timer_ns() - t0;
     if (timeout_ns == 0 || (timeout_ns > 0 && waited >= static_cast<uint64_t>(timeout_ns)))
       return CHI_ERR_TIMEOUT;
     wait_pause(waited, spin_ns);
-    chi_port::ll_load16(rec, &ha, &hb);
+    w0 = chi_port::ld_acquire_sys(rec);
   }
-  const chi_status_t status = static_cast<chi_status_t>(ll_data(ha));
-  const uint32_t osize = ll_data(hb);
+  const uint64_t w1 = rec[1]; /* written before word 0: a plain load after the acquire */
+  const chi_status_t status = static_cast<chi_status_t>(ll_data(w0));
+  const uint32_t osize = ll_data(w1);
+  if (ll_flag(w1) != gen) return CHI_ERR_INTERNAL; /* cannot happen: the host writes word 1 first */
   if (output && osize > output_capacity) {
     if (output_size) *output_size = osize;
     return CHI_ERR_TOO_LARGE;
   }
   uint32_t expect = (gen << 8) | CHI_DEV_SLOT_SUBMITTED;
   if (!chi_port::cas_relaxed_dev(state, &expect, (gen << 8) | CHI_DEV_SLOT_CLAIMED)) return CHI_ERR_INVALID;
-  if (output && osize) take_reply_output(l, slot, gen, static_cast<uint8_t *>(output), osize);
+  if (output && osize) take_reply_output(l, slot, static_cast<uint8_t *>(output), osize);
   if (output_size) *output_size = osize;
   bitmap_free(l->d2h_bitmap, slot); /* the slot stays CLAIMED until reused */
   return status;

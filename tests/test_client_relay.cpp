@@ -81,8 +81,7 @@ chi_status_t reply(const Ring &r, uint32_t slot, void *out, uint32_t *n) {
   const chi_status_t s = chi_status_t(ll_data(ll_load(rec)));
   *n = ll_data(ll_load(rec + 1));
   if (*n <= CHI_DEV_LL_INLINE) {
-    while (!ll_get_payload(rec, out, *n, r.gens[slot])) {
-    }
+    reply_get_inline(rec, out, *n);
   } else {
     memcpy(out, r.l.d2h_buf + uint64_t(slot) * r.l.payload_stride, *n);
   }

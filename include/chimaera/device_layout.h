@@ -16,11 +16,14 @@
 
 #include "chimaera.h"
 
-#define CHI_DEV_ABI_VERSION 5u
+#define CHI_DEV_ABI_VERSION 6u
 #define CHI_DEV_CTX_MAGIC 0x43484944u /* "CHID" */
 
 /* An LL record: 32 eight-byte words, each {uint32 data, uint32 flag}.  Words
- * 0..3 are a header, words 4..31 carry up to 112 bytes inline. */
+ * 0..3 are a header, words 4..31 carry up to 112 bytes inline.  Exception,
+ * since ABI 6: a GPU->CPU reply (d2h_reply) carries its inline output dense
+ * (bytes from word 4 on, no flags), complete once word 0 carries the
+ * generation; word 1 is {output size, generation}, written before word 0. */
 #define CHI_DEV_LL_WORDS 32u
 #define CHI_DEV_LL_HEADER 4u
 #define CHI_DEV_LL_INLINE 112u

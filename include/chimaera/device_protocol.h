@@ -197,13 +197,21 @@ CHI_DEVICE void bitmap_free(uint32_t *bm, uint32_t slot) {
 #endif
 constexpr uint32_t kCopyBatch = CHI_DEV_COPY_BATCH;
 static_assert(kCopyBatch >= 1u && kCopyBatch <= 16u, "CHI_DEV_COPY_BATCH: 1 to 16");
+/* The first m (<= 16) bytes of v to d, any alignment. */
+CHI_DEVICE void store_bytes16(uint8_t *d, uint4 v, uint32_t m) {
+  const uint32_t x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (uint32_t b = 0; b < 16u; ++b)
+    if (b < m) d[b] = static_cast<uint8_t>(x[b / 4u] >> (8u * (b & 3u)));
+}
 CHI_DEVICE void thread_copy(void *dst, const void *src, uint32_t n, bool src_padded = false) {
   uint8_t *d = static_cast<uint8_t *>(dst);
   const uint8_t *s = static_cast<const uint8_t *>(src);
+  const bool s16 = (reinterpret_cast<uintptr_t>(s) & 15u) == 0;
+  const bool d16 = (reinterpret_cast<uintptr_t>(d) & 15u) == 0;
   uint32_t i = 0;
-  if (n > 64u && ((reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(s)) & 15u) == 0) {
+  if (s16 && (src_padded || (d16 && n > 64u))) {
     const uint4 *s4 = reinterpret_cast<const uint4 *>(s);
-    uint4 *d4 = reinterpret_cast<uint4 *>(d);
     const uint32_t nv = src_padded ? (n + 15u) / 16u : n / 16u; /* vectors to load */
     for (uint32_t j = 0; j < nv; j += kCopyBatch) {
       uint4 v[kCopyBatch];
@@ -211,21 +219,16 @@ CHI_DEVICE void thread_copy(void *dst, const void *src, uint32_t n, bool src_pad
       for (uint32_t k = 0; k < kCopyBatch; ++k)
         if (j + k < nv) v[k] = s4[j + k];
 #pragma unroll
-      for (uint32_t k = 0; k < kCopyBatch; ++k)
-        if (j + k < n / 16u) d4[j + k] = v[k];
-      if (j + kCopyBatch >= nv && (n & 15u) && nv > n / 16u) { /* the padded tail, from registers */
-        uint4 t = v[0];
-#pragma unroll
-        for (uint32_t k = 1; k < kCopyBatch; ++k)
-          if (j + k == n / 16u) t = v[k];
-        const uint32_t x[4] = {t.x, t.y, t.z, t.w};
-#pragma unroll
-        for (uint32_t b = 0; b < 15u; ++b)
-          if (b < (n & 15u)) d[16u * (n / 16u) + b] = static_cast<uint8_t>(x[b / 4u] >> (8u * (b & 3u)));
+      for (uint32_t k = 0; k < kCopyBatch; ++k) {
+        const uint32_t o = 16u * (j + k);
+        if (j + k >= nv) break;
+        if (d16 && o + 16u <= n) *reinterpret_cast<uint4 *>(d + o) = v[k];
+        else store_bytes16(d + o, v[k], n - o < 16u ? n - o : 16u);
       }
     }
-    i = src_padded ? n : 16u * (n / 16u);
-  } else if (((reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(s)) & 15u) == 0) {
+    if (src_padded) return;
+    i = 16u * nv;
+  } else if (s16 && d16) {
     for (; i + 16u <= n; i += 16u) *reinterpret_cast<uint4 *>(d + i) = *reinterpret_cast<const uint4 *>(s + i);
   } else if (((reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(s)) & 3u) == 0) {
     for (; i + 4u <= n; i += 4u) *reinterpret_cast<uint32_t *>(d + i) = *reinterpret_cast<const uint32_t *>(s + i);
@@ -473,41 +476,20 @@ CHI_DEVICE bool reply_arrived(const chi_dev_layout *l, uint32_t slot, uint32_t g
   return ll_flag(a) == gen && ll_flag(b) == gen;
 }
 
-/* A GPU->CPU reply's output, once its header carried `gen`: the header was
- * written last, so after an acquire fence plain loads see the output, all
- * in flight at once (one PCIe round trip for an inline reply).  Strong
- * (volatile) loads of host memory are not: measured on an H100, a poll that
- * read the 28 inline words with them took ~10 us (gpu_breakdown, stage 6).
- * A word without the generation (not expected) is read again, strongly,
- * until it has it. */
-CHI_DEVICE void take_reply_output(const chi_dev_layout *l, uint32_t slot, uint32_t gen, uint8_t *out,
-                                  uint32_t osize) {
-  chi_port::fence_acquire_sys();
-  if (osize > CHI_DEV_LL_INLINE) {
-    thread_copy(out, l->d2h_buf + static_cast<uint64_t>(slot) * l->payload_stride, osize, true);
-    return;
-  }
-  const uint4 *rec = reinterpret_cast<const uint4 *>(l->d2h_reply + static_cast<uint64_t>(slot) * CHI_DEV_LL_WORDS +
-                                                     CHI_DEV_LL_HEADER);
-  const uint32_t nw = static_cast<uint32_t>(round_words(osize));
-  const uint32_t np = (nw + 1u) / 2u; /* 16-byte pairs of LL words */
-  for (uint32_t j = 0; j < np; j += kCopyBatch) {
-    uint4 v[kCopyBatch];
-#pragma unroll
-    for (uint32_t k = 0; k < kCopyBatch; ++k)
-      if (j + k < np) v[k] = rec[j + k];
-#pragma unroll
-    for (uint32_t k = 0; k < kCopyBatch; ++k) {
-      const uint32_t p = j + k;
-      if (p >= np) break;
-      uint64_t a = static_cast<uint64_t>(v[k].x) | (static_cast<uint64_t>(v[k].y) << 32);
-      uint64_t b = static_cast<uint64_t>(v[k].z) | (static_cast<uint64_t>(v[k].w) << 32);
-      while (ll_flag(a) != gen || (2u * p + 1u < nw && ll_flag(b) != gen))
-        chi_port::ll_load16(reinterpret_cast<const uint64_t *>(rec + p), &a, &b);
-      store_word(out, 8u * p, osize, ll_data(a));
-      if (2u * p + 1u < nw) store_word(out, 8u * p + 4u, osize, ll_data(b));
-    }
-  }
+/* A GPU->CPU reply's output, once an acquire load of its word 0 found the
+ * generation: the host wrote the output before that word, dense after the
+ * header (device_layout.h), so plain loads see it, all kCopyBatch in flight
+ * at once (one PCIe round trip for 64 bytes).  Strong loads of host memory
+ * would not be: measured on an H100 (gpu_breakdown's probes), a thread keeps
+ * about two volatile, relaxed.sys or .cv loads of host memory in flight, 8
+ * plain ones. */
+CHI_DEVICE void take_reply_output(const chi_dev_layout *l, uint32_t slot, uint8_t *out, uint32_t osize) {
+  const uint8_t *src = osize > CHI_DEV_LL_INLINE
+                           ? l->d2h_buf + static_cast<uint64_t>(slot) * l->payload_stride
+                           : reinterpret_cast<const uint8_t *>(l->d2h_reply + static_cast<uint64_t>(slot) * CHI_DEV_LL_WORDS +
+                                                               CHI_DEV_LL_HEADER);
+  /* Both sources are 16-byte aligned and readable up to the next 16 bytes. */
+  thread_copy(out, src, osize, true);
 }
 
 /* Back-off of a waiting thread that has waited `waited` ns: none for the

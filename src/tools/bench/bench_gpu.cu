@@ -763,6 +763,10 @@ void gpu_latency(Gpu &g, chi_route_t route, const chi_bench_options &opt, chi_be
                                             opt.warmup, opt.iters, g.samples, g.out);
     e = cudaGetLastError();
   }
+  // The kernel ends before any copy to pageable memory: such a copy blocks
+  // this process's other CUDA calls, the orchestrator's relaunch among them,
+  // while it waits for the stream (docs/gpu.md, "Coexisting with other CUDA code").
+  if (e == cudaSuccess) e = cudaStreamSynchronize(g.stream);
   std::vector<uint64_t> samples(opt.iters);
   if (e == cudaSuccess) e = cudaMemcpyAsync(&o, g.out, sizeof o, cudaMemcpyDeviceToHost, g.stream);
   if (e == cudaSuccess)
@@ -794,6 +798,7 @@ bool tput_run(Gpu &g, chi_route_t route, const chi_bench_options &opt, uint32_t 
                                                    g.samples, g.spans, g.out);
     e = cudaGetLastError();
   }
+  if (e == cudaSuccess) e = cudaStreamSynchronize(g.stream);  // before pageable copies: see gpu_latency
   if (e == cudaSuccess) e = cudaMemcpyAsync(o, g.out, sizeof *o, cudaMemcpyDeviceToHost, g.stream);
   if (e == cudaSuccess) e = cudaStreamSynchronize(g.stream);
   if (e != cudaSuccess) {
