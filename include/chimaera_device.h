@@ -197,22 +197,8 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
     uint32_t expect = (gen << 8) | CHI_DEV_SLOT_DONE;
     if (!chi_port::cas_relaxed_dev(state, &expect, (gen << 8) | CHI_DEV_SLOT_CLAIMED)) return CHI_ERR_INVALID;
     if (output && osize) {
-      if (osize <= 64u && (reinterpret_cast<uintptr_t>(output) & 15u) == 0) {
-        uint4 *o = static_cast<uint4 *>(output);
-        const uint32_t full = osize / 16u;
-        if (full > 0u) o[0] = v0;
-        if (full > 1u) o[1] = v1;
-        if (full > 2u) o[2] = v2;
-        if (full > 3u) o[3] = v3;
-        if (osize & 15u) {
-          const uint4 t = full == 0u ? v0 : full == 1u ? v1 : full == 2u ? v2 : v3;
-          const uint32_t tw[4] = {t.x, t.y, t.z, t.w};
-          uint8_t *ob = static_cast<uint8_t *>(output) + 16u * full;
-          for (uint32_t b = 0; b < (osize & 15u); ++b) ob[b] = static_cast<uint8_t>(tw[b / 4u] >> (8u * (b & 3u)));
-        }
-      } else {
-        thread_copy(output, obuf, osize, true);
-      }
+      if (osize <= 64u) put_first64(output, osize, v0, v1, v2, v3);
+      else thread_copy(output, obuf, osize, true);
     }
     if (output_size) *output_size = osize;
     /* The slot stays CLAIMED (a consumed future reads as such) until the
@@ -224,7 +210,8 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
   /* GPU->CPU: the reply is in host memory.  Polls are acquire loads of its
    * word 0 (one PCIe round trip each; they spare the bus when thousands of
    * warps wait); once it carries this generation, word 1 and the output are
-   * read with plain loads, all in flight at once (take_reply_output). */
+   * read with plain loads, all in flight at once: one more round trip up to
+   * 64 bytes (take_reply_output past that). */
   uint32_t *state = l->d2h_state + slot;
   const uint64_t *rec = l->d2h_reply + static_cast<uint64_t>(slot) * CHI_DEV_LL_WORDS;
   /* The state check (device memory) overlaps the first read of the reply (host memory). */
@@ -238,17 +225,25 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
     wait_pause(waited, spin_ns);
     w0 = chi_port::ld_acquire_sys(rec);
   }
-  const uint64_t w1 = rec[1]; /* written before word 0: a plain load after the acquire */
+  /* Word 1 and the first 64 bytes of an inline output, in one round trip:
+   * written before word 0, so plain loads after the acquire see them. */
+  const uint4 *r4 = reinterpret_cast<const uint4 *>(rec);
+  const uint4 hv = r4[0];
+  const uint4 v0 = r4[CHI_DEV_LL_HEADER / 2u], v1 = r4[CHI_DEV_LL_HEADER / 2u + 1u],
+              v2 = r4[CHI_DEV_LL_HEADER / 2u + 2u], v3 = r4[CHI_DEV_LL_HEADER / 2u + 3u];
   const chi_status_t status = static_cast<chi_status_t>(ll_data(w0));
-  const uint32_t osize = ll_data(w1);
-  if (ll_flag(w1) != gen) return CHI_ERR_INTERNAL; /* cannot happen: the host writes word 1 first */
+  const uint32_t osize = hv.z; /* word 1: {output size, generation} */
+  if (hv.w != gen) return CHI_ERR_INTERNAL; /* cannot happen: the host writes word 1 first */
   if (output && osize > output_capacity) {
     if (output_size) *output_size = osize;
     return CHI_ERR_TOO_LARGE;
   }
   uint32_t expect = (gen << 8) | CHI_DEV_SLOT_SUBMITTED;
   if (!chi_port::cas_relaxed_dev(state, &expect, (gen << 8) | CHI_DEV_SLOT_CLAIMED)) return CHI_ERR_INVALID;
-  if (output && osize) take_reply_output(l, slot, static_cast<uint8_t *>(output), osize);
+  if (output && osize) {
+    if (osize <= 64u) put_first64(output, osize, v0, v1, v2, v3);
+    else take_reply_output(l, slot, static_cast<uint8_t *>(output), osize);
+  }
   if (output_size) *output_size = osize;
   bitmap_free(l->d2h_bitmap, slot); /* the slot stays CLAIMED until reused */
   return status;

@@ -236,6 +236,21 @@ CHI_DEVICE void thread_copy(void *dst, const void *src, uint32_t n, bool src_pad
   for (; i < n; ++i) d[i] = s[i];
 }
 
+/* The first n (<= 64) bytes of v0..v3 to d, any alignment: an output read
+ * together with its header, written out of registers. */
+CHI_DEVICE void put_first64(void *dst, uint32_t n, uint4 v0, uint4 v1, uint4 v2, uint4 v3) {
+  uint8_t *d = static_cast<uint8_t *>(dst);
+  const bool d16 = (reinterpret_cast<uintptr_t>(d) & 15u) == 0;
+  const uint4 v[4] = {v0, v1, v2, v3};
+#pragma unroll
+  for (uint32_t k = 0; k < 4u; ++k) {
+    const uint32_t o = 16u * k;
+    if (o >= n) break;
+    if (d16 && o + 16u <= n) *reinterpret_cast<uint4 *>(d + o) = v[k];
+    else store_bytes16(d + o, v[k], n - o < 16u ? n - o : 16u);
+  }
+}
+
 /* Reads 4 bytes of a payload as an LL data word (zero padded past n). */
 CHI_DEVICE uint32_t load_word(const uint8_t *p, uint32_t off, uint32_t n) {
   if (off + 4u <= n && (reinterpret_cast<uintptr_t>(p + off) & 3u) == 0)
