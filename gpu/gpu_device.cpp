@@ -343,7 +343,7 @@ void GpuDevice::lease_loop() {
       fail_locked(nullptr);
       continue;
     }
-    if (e == cudaSuccess && launches_.load() == n + 2) launched_at_ = now_ns();  // n + 1 started
+    if (e == cudaSuccess && launches_.load() == n + 2) launched_at_ = started_at(n + 1);
   }
 }
 
@@ -358,6 +358,26 @@ void GpuDevice::fail_locked(const char *what) {
   log(LogLevel::kError, "%s; GPU routes of GPU %d answer errors from now on (docs/reliability.md)",
       failure_.c_str(), id_);
   if (exec_) exec_->mark_failed(failure_);
+}
+
+// When launch k started, in now_ns() time.  Its first warp stamps the
+// start in the diag words (%globaltimer, which follows the host's realtime
+// clock); this thread sees the end of launch k - 1 later, by up to the time
+// it slept: timing the next lease from that sighting made each lease's
+// successor later than the one before, until a keeper found none queued at
+// its lease's end and stepped aside with GPU->GPU tasks to come (their
+// submits answered CHI_ERR_AGAIN after two leases: chimaera-bench's 1 and 4
+// KiB GPU->GPU rows, the GPU soak).  Falls back to now when the stamp is not
+// launch k's or is implausible (another clock).
+int64_t GpuDevice::started_at(uint64_t k) const {
+  const int64_t now = now_ns();
+  if (__atomic_load_n(&diag_[CHI_DIAG_START_EPOCH], __ATOMIC_ACQUIRE) != k) return now;
+  const uint64_t at = __atomic_load_n(&diag_[CHI_DIAG_START_AT], __ATOMIC_RELAXED);
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  const int64_t ago = int64_t(uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec) - at);
+  if (ago < 0 || ago > int64_t(shape_.lease_ns)) return now;
+  return now - ago;
 }
 
 void GpuDevice::lease_phase(uint64_t phase, uint64_t n) {

@@ -90,6 +90,8 @@ class GpuDevice {
   void fail_locked(const char *what);
   // Where the lease thread is (diag words CHI_DIAG_LEASE_*), for watchdogs.
   void lease_phase(uint64_t phase, uint64_t n);
+  // now_ns() when launch k started, from the device's own stamp (diag words).
+  int64_t started_at(uint64_t k) const;
 
   Runtime &rt_;
   const int32_t id_;

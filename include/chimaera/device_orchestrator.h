@@ -415,8 +415,11 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
       /* Back: the GPU->GPU gate opens (if the last launch stepped aside). */
       chi_port::fetch_and_release_dev(l->gate, ~kGateAway);
       if (l->diag) {
-        chi_port::ll_store8(l->diag + CHI_DIAG_START_EPOCH, epoch);
+        /* The time first: the lease thread takes it as this launch's once it
+         * reads the epoch (GpuDevice::started_at). */
         chi_port::ll_store8(l->diag + CHI_DIAG_START_AT, t_start);
+        chi_port::fence_sys();
+        chi_port::ll_store8(l->diag + CHI_DIAG_START_EPOCH, epoch);
       }
     }
   }
