@@ -4,6 +4,8 @@
 // cudaLaunchHostFunc), then every GPU route through the public API with
 // chi.echo: CPU->GPU from host threads, GPU->CPU and GPU->GPU from kernels,
 // one task at a time (latency) and from 1, 32 and 8-per-SM warps (throughput).
+// For --server runs, the GPU->CPU and GPU->GPU latency rows and their floors
+// in an embedded runtime, and the same rows from a kernel of a client process.
 //
 // The orchestrators are paused while the floors run and while this file's
 // kernels are first launched (see preload) and freed: a persistent kernel and
@@ -47,6 +49,10 @@ constexpr double kSpinTimeoutS = 2.0;
 constexpr uint64_t kHostSpinTimeoutNs = 2'000'000'000;
 // Routes: how long a lane retries a submit that found every slot busy.
 constexpr uint64_t kAgainTimeoutNs = 2'000'000'000;
+// A client kernel's latency rows stop after this much (warm-up included):
+// time-sliced against the server's orchestrator without MPS, a GPU->GPU
+// round trip can take milliseconds.
+constexpr uint64_t kClientBudgetNs = 20'000'000'000;
 // GPU->CPU calls per warp in the many-warp floor (as probes/limits.cu).
 constexpr unsigned kFloorCallsPerWarp = 2000;
 // Latency-under-load samples kept per warp in throughput rows.
@@ -217,36 +223,45 @@ __device__ bool same_bytes(const uint8_t *a, const uint8_t *b, uint32_t n) {
   return true;
 }
 
-// One thread: warm + iters round trips (submit, wait), each timed in cycles.
+// One thread: warm + iters round trips (submit, wait), each timed in SM
+// cycles, or with `gt` in %globaltimer ns: a kernel time-sliced against
+// another process's context may resume on another SM, whose clock64 is not
+// this one's.  budget_ns > 0 ends the run at the first round trip that
+// starts past it; out->done counts the timed ones.
 __global__ void k_route_latency(chi_dev_context_t ctx, chi_route_t route, uint32_t payload,
                                 uint8_t *buf, uint32_t stride, unsigned long long warm,
-                                unsigned long long iters, unsigned long long *samples,
-                                RouteOut *out) {
+                                unsigned long long iters, bool gt, unsigned long long budget_ns,
+                                unsigned long long *samples, RouteOut *out) {
   if (threadIdx.x != 0 || blockIdx.x != 0 || iters == 0) return;
   uint8_t *in = buf, *got = buf + stride;
+  const unsigned long long g_begin = gtimer();
   long long c_start = clock64();
-  unsigned long long g_start = gtimer();
-  for (unsigned long long i = 0; i < warm + iters; ++i) {
+  unsigned long long g_start = g_begin;
+  unsigned long long i = 0;
+  for (; i < warm + iters; ++i) {
     if (i == warm) {
       c_start = clock64();
       g_start = gtimer();
     }
+    if (budget_ns != 0 && gtimer() - g_begin > budget_ns) break;
     fill_input(in, payload, 0, i);
     const long long t0 = clock64();
+    const unsigned long long n0 = gt ? gtimer() : 0;
     chi_future_t f = 0;
     chi_status_t s = chi_dev_submit(&ctx, route, CHI_METHOD_ECHO, in, payload, &f);
     if (s != CHI_OK) return route_failed(out, kWhereSubmit, s, i);
     uint32_t n = 0;
     s = chi_dev_wait(&ctx, f, kWaitTimeoutNs, got, stride, &n);
     const long long t1 = clock64();
+    const unsigned long long n1 = gt ? gtimer() : 0;
     if (s != CHI_OK) return route_failed(out, kWhereWait, s, i);
     if (n != payload || !same_bytes(in, got, payload))
       return route_failed(out, kWhereEcho, CHI_ERR_INTERNAL, i);
-    if (i >= warm) samples[i - warm] = static_cast<unsigned long long>(t1 - t0);
+    if (i >= warm) samples[i - warm] = gt ? n1 - n0 : static_cast<unsigned long long>(t1 - t0);
   }
   out->span = Span{static_cast<unsigned long long>(c_start),
                    static_cast<unsigned long long>(clock64()), g_start, gtimer()};
-  out->done = iters;
+  out->done = i > warm ? i - warm : 0;
 }
 
 // Every warp below nwarps: lanes below `lanes` each run `per_lane` tasks, a
@@ -374,6 +389,7 @@ struct Gpu {
   Span *spans = nullptr;
   RouteOut *out = nullptr;
   std::string error;
+  chi_status_t error_status = CHI_ERR_INTERNAL;  // of `error`, for the route rows
 };
 
 // Memory of the floors (GPU 0 only).
@@ -399,13 +415,16 @@ void setup(chi_runtime_t *rt, const chi_bench_options &opt, Gpu *g) {
   if (st != CHI_OK) {
     g->error =
         std::string("chi_gpu_context: ") + chi_status_string(st) + ": " + chi_last_error_message();
+    g->error_status = st;
     return;
   }
   const auto *l = reinterpret_cast<const chi_dev_ctx_layout_t *>(&g->ctx);
   g->slots = l->slots;
   g->max_payload = l->max_payload;
+  // Device memory of the context's GPU (a client's relay context has no d2d_*).
   cudaPointerAttributes a{};
-  cudaError_t e = cudaPointerGetAttributes(&a, l->d2d_state);
+  cudaError_t e = cudaPointerGetAttributes(&a, l->d2d_state ? static_cast<const void *>(l->d2d_state)
+                                                            : static_cast<const void *>(l->d2h_state));
   if (e == cudaSuccess) g->ordinal = a.device;
   if (e == cudaSuccess) e = cudaSetDevice(g->ordinal);
   int khz = 0;
@@ -441,8 +460,8 @@ void preload(Gpu &g) {
   k_pong_host<<<1, 1, 0, g.stream>>>(nullptr, nullptr, 0, 0, nullptr);
   k_block_pingpong<<<1, 32, 0, g.stream>>>(nullptr, nullptr, 0, 0, 0, nullptr, nullptr, nullptr);
   k_gpu_calls<<<1, 32, 0, g.stream>>>(nullptr, 0, 0, 0, 0, nullptr, nullptr, nullptr);
-  k_route_latency<<<1, 32, 0, g.stream>>>(g.ctx, CHI_ROUTE_LOCAL, 0, nullptr, 16, 0, 0, nullptr,
-                                          nullptr);
+  k_route_latency<<<1, 32, 0, g.stream>>>(g.ctx, CHI_ROUTE_LOCAL, 0, nullptr, 16, 0, 0, false, 0,
+                                          nullptr, nullptr);
   k_route_tput<<<1, 32, 0, g.stream>>>(g.ctx, CHI_ROUTE_LOCAL, 0, nullptr, 16, 0, 0, 0, nullptr,
                                        nullptr, nullptr);
   cudaError_t e = cudaGetLastError();
@@ -741,7 +760,7 @@ bool route_ok(const RouteOut &o, chi_bench_row *row) {
 
 bool usable_for_routes(const Gpu &g, const chi_bench_options &opt, chi_bench_row *row) {
   if (!g.error.empty()) {
-    chi_bench_row_fail(row, CHI_ERR_INTERNAL, "%s", g.error.c_str());
+    chi_bench_row_fail(row, g.error_status, "%s", g.error.c_str());
     return false;
   }
   if (opt.payload > g.max_payload) {
@@ -752,7 +771,16 @@ bool usable_for_routes(const Gpu &g, const chi_bench_options &opt, chi_bench_row
   return true;
 }
 
-void gpu_latency(Gpu &g, chi_route_t route, const chi_bench_options &opt, chi_bench_row *row) {
+// How a latency row is timed: the embedded rows of a plain run in SM cycles
+// without a bound; the rows of a --server run in %globaltimer ns (see
+// k_route_latency), a client kernel's within a time budget.
+struct LatencyMode {
+  bool globaltimer = false;
+  uint64_t budget_ns = 0;  // 0: none
+};
+
+void gpu_latency(Gpu &g, chi_route_t route, const chi_bench_options &opt, chi_bench_row *row,
+                 const LatencyMode &mode = LatencyMode()) {
   if (!usable_for_routes(g, opt, row)) return;
   cudaSetDevice(g.ordinal);
   RouteOut o{};
@@ -760,7 +788,8 @@ void gpu_latency(Gpu &g, chi_route_t route, const chi_bench_options &opt, chi_be
   cudaError_t e = cudaMemsetAsync(g.out, 0, sizeof(RouteOut), g.stream);
   if (e == cudaSuccess) {
     k_route_latency<<<1, 32, 0, g.stream>>>(g.ctx, route, opt.payload, g.scratch, stride,
-                                            opt.warmup, opt.iters, g.samples, g.out);
+                                            opt.warmup, opt.iters, mode.globaltimer,
+                                            mode.budget_ns, g.samples, g.out);
     e = cudaGetLastError();
   }
   // The kernel ends before any copy to pageable memory: such a copy blocks
@@ -779,8 +808,20 @@ void gpu_latency(Gpu &g, chi_route_t route, const chi_bench_options &opt, chi_be
     return;
   }
   if (!route_ok(o, row)) return;
-  const double k = ns_per_cycle(o.span, g.nominal_ns_per_cycle);
-  for (auto &s : samples) s = uint64_t(std::llround(double(s) * k));
+  if (o.done == 0) {
+    chi_bench_row_fail(row, CHI_ERR_TIMEOUT, "no timed round trip within %.0f s (%llu warm-up)",
+                       double(mode.budget_ns) / 1e9, static_cast<unsigned long long>(opt.warmup));
+    return;
+  }
+  samples.resize(std::min<uint64_t>(o.done, opt.iters));
+  if (samples.size() < opt.iters)
+    std::fprintf(stderr, "chimaera-bench: %s: %zu of %llu round trips within its %.0f s budget\n",
+                 row->name, samples.size(), static_cast<unsigned long long>(opt.iters),
+                 double(mode.budget_ns) / 1e9);
+  if (!mode.globaltimer) {
+    const double k = ns_per_cycle(o.span, g.nominal_ns_per_cycle);
+    for (auto &s : samples) s = uint64_t(std::llround(double(s) * k));
+  }
   chi_bench_row_samples(row, samples.data(), samples.size());
 }
 
@@ -886,27 +927,35 @@ void cpu_to_gpu_rows(chi_runtime_t *rt, const std::vector<Gpu> &gpus, const chi_
   }
 }
 
-void gpu_origin_rows(std::vector<Gpu> &gpus, const chi_bench_options &opt, Rows &rows) {
-  struct RouteKind {
-    chi_route_t route;
-    const char *suffix, *route_name, *floor;
-    double p50, tput;
-  };
-  const RouteKind kinds[] = {
-      {CHI_ROUTE_CPU, "cpu", "CHI_ROUTE_CPU", kGpuCpuFloor, kGpuCpuTargetP50Ns, kGpuCpuTargetTput},
-      {CHI_ROUTE_LOCAL, "local", "CHI_ROUTE_LOCAL", kGpuGpuFloor, kGpuGpuTargetP50Ns,
-       kGpuGpuTargetTput}};
-  for (auto &g : gpus) {
-    for (const auto &k : kinds) {
-      char name[48];
-      std::snprintf(name, sizeof name, "gpu%d->%s", int(g.id), k.suffix);
-      if (chi_bench_row *r = rows.next(name, CHI_BENCH_LATENCY)) {
-        set_route(r, k.route_name, k.floor, opt.payload);
-        r->target_p50_ns = k.p50;
-        gpu_latency(g, k.route, opt, r);
-      }
+// The routes that start in a kernel: GPU->CPU and GPU->GPU.
+struct RouteKind {
+  chi_route_t route;
+  const char *suffix, *route_name, *floor;
+  double p50, tput;
+};
+const RouteKind kGpuOriginKinds[] = {
+    {CHI_ROUTE_CPU, "cpu", "CHI_ROUTE_CPU", kGpuCpuFloor, kGpuCpuTargetP50Ns, kGpuCpuTargetTput},
+    {CHI_ROUTE_LOCAL, "local", "CHI_ROUTE_LOCAL", kGpuGpuFloor, kGpuGpuTargetP50Ns,
+     kGpuGpuTargetTput}};
+
+// "gpuN->cpu" and "gpuN->local" (after `prefix`), one task at a time.  The
+// targets are the embedded routes'; a client kernel's rows have none.
+void gpu_origin_latency(Gpu &g, const chi_bench_options &opt, Rows &rows, const char *prefix,
+                        const LatencyMode &mode) {
+  for (const auto &k : kGpuOriginKinds) {
+    char name[48];
+    std::snprintf(name, sizeof name, "%sgpu%d->%s", prefix, int(g.id), k.suffix);
+    if (chi_bench_row *r = rows.next(name, CHI_BENCH_LATENCY)) {
+      set_route(r, k.route_name, k.floor, opt.payload);
+      if (prefix[0] == '\0') r->target_p50_ns = k.p50;
+      gpu_latency(g, k.route, opt, r, mode);
     }
   }
+}
+
+void gpu_origin_rows(std::vector<Gpu> &gpus, const chi_bench_options &opt, Rows &rows) {
+  const auto &kinds = kGpuOriginKinds;
+  for (auto &g : gpus) gpu_origin_latency(g, opt, rows, "", LatencyMode());
   // Throughput on the first GPU: the others have the same hardware path.
   Gpu &g = gpus.front();
   for (const auto &k : kinds) {
@@ -927,7 +976,75 @@ void fail_all(Rows &rows, const char *name, chi_status_t st, const std::string &
     chi_bench_row_fail(r, st, "%s", why.c_str());
 }
 
+void alloc_floors(Gpu &g0, FloorMem &fm) {
+  if (!g0.error.empty()) return;
+  cudaSetDevice(g0.ordinal);
+  const size_t pinned = 4096 + sizeof(CallSlot) * max_warps(g0);
+  cudaError_t e = cudaHostAlloc(&fm.pinned, pinned, cudaHostAllocMapped | cudaHostAllocPortable);
+  if (e == cudaSuccess) e = cudaMalloc(&fm.dflags, 256);
+  if (e == cudaSuccess) e = cudaMalloc(&fm.calls_out, sizeof(CallsOut));
+  if (e == cudaSuccess) e = cudaMalloc(&fm.fault, sizeof(unsigned));
+  if (e != cudaSuccess) g0.error = cuda_msg("allocating floor buffers", e);
+}
+
+void sync_streams(std::vector<Gpu> &gpus) {
+  for (auto &g : gpus)
+    if (g.stream) {
+      cudaSetDevice(g.ordinal);
+      cudaStreamSynchronize(g.stream);
+    }
+}
+
+// cudaFree and cudaFreeHost wait for every kernel of the process: a caller
+// whose process runs orchestrators pauses them first.
+void free_buffers(std::vector<Gpu> &gpus, FloorMem *fm) {
+  for (auto &g : gpus) {
+    if (g.ordinal < 0) continue;
+    cudaSetDevice(g.ordinal);
+    cudaFree(g.scratch);
+    cudaFree(g.samples);
+    cudaFree(g.spans);
+    cudaFree(g.out);
+    if (g.stream) cudaStreamDestroy(g.stream);
+  }
+  if (fm && !gpus.empty() && gpus.front().ordinal >= 0) {
+    cudaSetDevice(gpus.front().ordinal);
+    cudaFreeHost(fm->pinned);
+    cudaFree(fm->dflags);
+    cudaFree(fm->calls_out);
+    cudaFree(fm->fault);
+  }
+}
+
+// Frees with the orchestrators of rt paused.
+void free_paused(chi_runtime_t *rt, std::vector<Gpu> &gpus, FloorMem *fm) {
+  sync_streams(gpus);
+  if (chi_gpu_pause(rt, -1) != CHI_OK) return;
+  free_buffers(gpus, fm);
+  if (chi_gpu_resume(rt, -1) != CHI_OK)
+    std::fprintf(stderr, "chimaera-bench: chi_gpu_resume: %s\n", chi_last_error_message());
+}
+
+// Puts the current device back on every return.
+struct DeviceRestore {
+  int prev = 0;
+  bool have = cudaGetDevice(&prev) == cudaSuccess;
+  ~DeviceRestore() {
+    cudaGetLastError();
+    if (have) cudaSetDevice(prev);
+  }
+};
+
 }  // namespace
+
+extern "C" int chi_bench_gpu_visible(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
 
 extern "C" int chi_bench_gpu_rows(chi_runtime_t *rt, const struct chi_bench_options *opt,
                                   struct chi_bench_row *rows, int max_rows) {
@@ -935,8 +1052,7 @@ extern "C" int chi_bench_gpu_rows(chi_runtime_t *rt, const struct chi_bench_opti
   if (rt == nullptr || opt == nullptr || rows == nullptr || max_rows <= 0 ||
       chi_gpu_count(rt, &count) != CHI_OK || count <= 0)
     return 0;
-  int prev_device = 0;
-  const bool have_prev = cudaGetDevice(&prev_device) == cudaSuccess;
+  DeviceRestore restore;
   Rows out{rows, max_rows};
   std::vector<Gpu> gpus(static_cast<size_t>(count));
   for (int32_t i = 0; i < count; i++) {
@@ -946,21 +1062,12 @@ extern "C" int chi_bench_gpu_rows(chi_runtime_t *rt, const struct chi_bench_opti
 
   FloorMem fm;
   Gpu &g0 = gpus.front();
-  if (g0.error.empty()) {
-    cudaSetDevice(g0.ordinal);
-    const size_t pinned = 4096 + sizeof(CallSlot) * max_warps(g0);
-    cudaError_t e = cudaHostAlloc(&fm.pinned, pinned, cudaHostAllocMapped | cudaHostAllocPortable);
-    if (e == cudaSuccess) e = cudaMalloc(&fm.dflags, 256);
-    if (e == cudaSuccess) e = cudaMalloc(&fm.calls_out, sizeof(CallsOut));
-    if (e == cudaSuccess) e = cudaMalloc(&fm.fault, sizeof(unsigned));
-    if (e != cudaSuccess) g0.error = cuda_msg("allocating floor buffers", e);
-  }
+  alloc_floors(g0, fm);
 
   chi_status_t st = chi_gpu_pause(rt, -1);
   if (st != CHI_OK) {
     // Without a pause neither the first launches nor the frees are safe.
     fail_all(out, "gpu.setup", st, std::string("chi_gpu_pause: ") + chi_last_error_message());
-    if (have_prev) cudaSetDevice(prev_device);
     return out.n;
   }
   for (auto &g : gpus) preload(g);
@@ -973,7 +1080,6 @@ extern "C" int chi_bench_gpu_rows(chi_runtime_t *rt, const struct chi_bench_opti
   st = chi_gpu_resume(rt, -1);
   if (st != CHI_OK) {
     fail_all(out, "gpu.resume", st, std::string("chi_gpu_resume: ") + chi_last_error_message());
-    if (have_prev) cudaSetDevice(prev_device);
     return out.n;
   }
 
@@ -982,33 +1088,72 @@ extern "C" int chi_bench_gpu_rows(chi_runtime_t *rt, const struct chi_bench_opti
   if (g0.error.empty() && out.max - out.n >= 6)
     out.n += chi_bench_footprint_rows(rt, g0.id, g0.ordinal, out.rows + out.n, out.max - out.n);
 
-  // cudaFree and cudaFreeHost wait for every kernel: orchestrators paused.
-  for (auto &g : gpus)
-    if (g.stream) {
-      cudaSetDevice(g.ordinal);
-      cudaStreamSynchronize(g.stream);
-    }
-  if (chi_gpu_pause(rt, -1) == CHI_OK) {
-    for (auto &g : gpus) {
-      if (g.ordinal < 0) continue;
-      cudaSetDevice(g.ordinal);
-      cudaFree(g.scratch);
-      cudaFree(g.samples);
-      cudaFree(g.spans);
-      cudaFree(g.out);
-      if (g.stream) cudaStreamDestroy(g.stream);
-    }
-    if (g0.ordinal >= 0) {
-      cudaSetDevice(g0.ordinal);
-      cudaFreeHost(fm.pinned);
-      cudaFree(fm.dflags);
-      cudaFree(fm.calls_out);
-      cudaFree(fm.fault);
-    }
-    if (chi_gpu_resume(rt, -1) != CHI_OK)
-      std::fprintf(stderr, "chimaera-bench: chi_gpu_resume: %s\n", chi_last_error_message());
+  free_paused(rt, gpus, &fm);
+  return out.n;
+}
+
+extern "C" int chi_bench_gpu_embedded_rows(chi_runtime_t *rt, const struct chi_bench_options *opt,
+                                           struct chi_bench_row *rows, int max_rows) {
+  int32_t count = 0;
+  if (rt == nullptr || opt == nullptr || rows == nullptr || max_rows <= 0 ||
+      chi_gpu_count(rt, &count) != CHI_OK || count <= 0)
+    return 0;
+  DeviceRestore restore;
+  Rows out{rows, max_rows};
+  std::vector<Gpu> gpus(1);
+  Gpu &g = gpus.front();
+  setup(rt, *opt, &g);
+  FloorMem fm;
+  alloc_floors(g, fm);
+
+  chi_status_t st = chi_gpu_pause(rt, -1);
+  if (st != CHI_OK) {
+    fail_all(out, "gpu.setup", st, std::string("chi_gpu_pause: ") + chi_last_error_message());
+    return out.n;
   }
-  cudaGetLastError();
-  if (have_prev) cudaSetDevice(prev_device);
+  preload(g);
+  if (g.error.empty()) {
+    cudaSetDevice(g.ordinal);
+    if (chi_bench_row *r = out.next(kGpuCpuFloor, CHI_BENCH_FLOOR))
+      floor_gpu_cpu(g, fm, *opt, 1, unsigned(opt->iters), unsigned(opt->warmup), r);
+    if (chi_bench_row *r = out.next(kGpuGpuFloor, CHI_BENCH_FLOOR)) floor_block(g, fm, *opt, r);
+  } else {
+    fail_all(out, kGpuCpuFloor, g.error_status, g.error);
+  }
+  st = chi_gpu_resume(rt, -1);
+  if (st != CHI_OK) {
+    fail_all(out, "gpu.resume", st, std::string("chi_gpu_resume: ") + chi_last_error_message());
+    return out.n;
+  }
+  LatencyMode mode;
+  mode.globaltimer = true;
+  gpu_origin_latency(g, *opt, out, "", mode);
+  free_paused(rt, gpus, &fm);
+  return out.n;
+}
+
+extern "C" int chi_bench_gpu_client_rows(chi_runtime_t *rt, const struct chi_bench_options *opt,
+                                         chi_status_t refused, const char *why,
+                                         struct chi_bench_row *rows, int max_rows) {
+  if (opt == nullptr || rows == nullptr || max_rows <= 0 || chi_bench_gpu_visible() <= 0) return 0;
+  DeviceRestore restore;
+  Rows out{rows, max_rows};
+  std::vector<Gpu> gpus(1);
+  Gpu &g = gpus.front();
+  if (refused != CHI_OK || rt == nullptr) {
+    g.error = why && *why ? why : "no client runtime";
+    g.error_status = refused != CHI_OK ? refused : CHI_ERR_INVALID;
+  } else {
+    setup(rt, *opt, &g);  // chi_gpu_context: the relay's memory and threads
+  }
+  // No orchestrator runs in a client process: nothing to pause around the
+  // first launches and the frees.
+  preload(g);
+  LatencyMode mode;
+  mode.globaltimer = true;
+  mode.budget_ns = kClientBudgetNs;
+  gpu_origin_latency(g, *opt, out, "client ", mode);
+  sync_streams(gpus);
+  free_buffers(gpus, nullptr);
   return out.n;
 }

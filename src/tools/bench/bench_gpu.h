@@ -24,6 +24,34 @@ extern "C" {
 int chi_bench_gpu_rows(chi_runtime_t *rt, const struct chi_bench_options *opt,
                        struct chi_bench_row *rows, int max_rows);
 
+/* CUDA devices this process sees; 0 without device code or without a GPU. */
+int chi_bench_gpu_visible(void);
+
+/* chimaera-bench --server, before the server starts: in an embedded runtime
+ * rt, on its GPU 0, the floors of the routes that start in a kernel
+ * (floor.gpu_cpu_pingpong, floor.gpu_block_pingpong) and the latency rows
+ * gpu0->cpu and gpu0->local, timed with %globaltimer as the client rows
+ * are.  Returns the rows written (0 when the build has no device code or rt
+ * drives no GPU). */
+int chi_bench_gpu_embedded_rows(chi_runtime_t *rt, const struct chi_bench_options *opt,
+                                struct chi_bench_row *rows, int max_rows);
+
+/* The same latency rows from a kernel of this process, a client of a
+ * chimaera-server (rt in CHI_MODE_CLIENT), through chi_gpu_context(rt, 0) and
+ * the client's relay (docs/server.md, "Client kernels"): "client gpu0->cpu"
+ * and "client gpu0->local", naming the same floors, each within a time
+ * budget (a row cut short says so on stderr).
+ *   rt       the client runtime, or NULL with refused set
+ *   refused  CHI_OK to measure; else both rows fail with this status and `why`
+ *            (e.g. the server's GPU 0 is not this process's CUDA device 0)
+ *   rows     [out] room for max_rows rows
+ * Returns the rows written: 0 when the build has no device code or this
+ * process sees no CUDA device, else both rows, failed with chi_gpu_context's
+ * status when the server drives no GPU. */
+int chi_bench_gpu_client_rows(chi_runtime_t *rt, const struct chi_bench_options *opt,
+                              chi_status_t refused, const char *why,
+                              struct chi_bench_row *rows, int max_rows);
+
 #ifdef __cplusplus
 }
 #endif

@@ -51,7 +51,9 @@ void usage(std::FILE *out) {
       "\n"
       "Client->server (instead of the embedded routes; floor.xproc_pingpong is the floor of\n"
       "shm rows, raw libzmq REQ/REP and DEALER/ROUTER runs of the same transport that of\n"
-      "ipc and tcp rows):\n"
+      "ipc and tcp rows; with a GPU also gpu0->cpu and gpu0->local from a kernel of this\n"
+      "process, a client (\"client gpu0->...\"), beside the same from an embedded runtime\n"
+      "that ran before the server, with their GPU floors):\n"
       "  --server ADDR   measure the chimaera-server at ADDR (shm://NAME, ipc://PATH,\n"
       "                  tcp://HOST:PORT; with CHI_CURVE_SERVER_KEY set: tcp-curve)\n"
       "  --server start  start a chimaera-server on a private name and runtime directory,\n"
@@ -135,11 +137,44 @@ bool write_json_file(const char *path, Print print) {
   return true;
 }
 
+// The embedded rows that a client kernel's rows (server_routes.cpp) sit
+// beside: the GPU->CPU and GPU->GPU floors and routes of GPU 0, from a
+// runtime of this process that is gone before a started server is, so the
+// two orchestrators never share the GPU.  Returns the GPUs it drove.
+int32_t embedded_gpu_rows(const chi_bench_options &opt, const chi_config_t &cfg,
+                          std::vector<chi_bench_row> &rows) {
+  if (chi_bench_gpu_visible() <= 0) return 0;
+  chi_config_t ecfg = cfg;
+  ecfg.mode = CHI_MODE_EMBEDDED;
+  chi_runtime_t *rt = nullptr;
+  chi_status_t st = chi_init(&ecfg, &rt);
+  if (st != CHI_OK) {
+    rows.emplace_back();
+    chi_bench_row_init(&rows.back(), "gpu.embedded", CHI_BENCH_FLOOR);
+    chi_bench_row_fail(&rows.back(), st, "chi_init: %s", chi_last_error_message());
+    return 0;
+  }
+  int32_t gpus = 0;
+  if (chi_gpu_count(rt, &gpus) != CHI_OK) gpus = 0;
+  size_t base = rows.size();
+  rows.resize(base + kMaxGpuRows);
+  int n = chi_bench_gpu_embedded_rows(rt, &opt, &rows[base], kMaxGpuRows);
+  rows.resize(base + size_t(n < 0 ? 0 : n > kMaxGpuRows ? kMaxGpuRows : n));
+  st = chi_finalize(rt);
+  if (st != CHI_OK)
+    std::fprintf(stderr, "chimaera-bench: chi_finalize: %s: %s\n", chi_status_string(st),
+                 chi_last_error_message());
+  return gpus;
+}
+
 // The --server run: client->server rows after the floors, then the report.
-int server_main(const chi_bench_options &opt, const chi_bench::ServerOptions &so,
+int server_main(const chi_bench_options &opt, chi_bench::ServerOptions so,
                 const chi_config_t &cfg, bool json, const char *json_file, std::vector<chi_bench_row> &rows) {
   chi_bench::ServerReport rep;
   std::string err;
+  // No GPU here, or none asked for (gpu.devices 0): no GPU rows, as embedded.
+  const int32_t gpus = embedded_gpu_rows(opt, cfg, rows);
+  so.client_gpu = gpus > 0;
   if (!chi_bench::run_server_rows(opt, so, cfg.num_workers, cfg.config_path, rows, &rep, &err)) {
     std::fprintf(stderr, "chimaera-bench: --server %s: %s\n", so.server.c_str(), err.c_str());
     return 2;
@@ -147,7 +182,7 @@ int server_main(const chi_bench_options &opt, const chi_bench::ServerOptions &so
   chi_bench::link_floors(rows);
   chi_bench::link_floors(rep.sweep, &rows);
   chi_bench::link_floors(rep.fair, &rows);
-  chi_bench::Machine m = chi_bench::probe_machine(0, cfg.num_workers, opt.pin != 0);
+  chi_bench::Machine m = chi_bench::probe_machine(gpus, cfg.num_workers, opt.pin != 0);
   if (json)
     chi_bench::print_json(stdout, m, opt, rows, &rep);
   else

@@ -352,6 +352,12 @@ void print_table(std::FILE *out, const Machine &m, const chi_bench_options &opt,
                srv && srv->enabled
                    ? "floor.xproc_pingpong for shm, floor.zmq_reqrep_TRANSPORT for ipc and tcp"
                    : "floor.cpu_pingpong for CPU routes");
+  bool gpu_rows = false;
+  for (const auto &r : rows) gpu_rows = gpu_rows || std::strncmp(r.floor, "floor.gpu_", 10) == 0;
+  if (srv && srv->enabled && gpu_rows)
+    std::fputs("GPU rows: floor.gpu_cpu_pingpong for gpuN->cpu, floor.gpu_block_pingpong for "
+               "gpuN->local, embedded and client alike (timed with %globaltimer).\n",
+               out);
   if (srv && srv->enabled && !srv->transports.empty())
     std::fputs("ZeroMQ pipelined rows: vs floor = tasks/s of their tput-floor (raw DEALER/ROUTER "
                "echo, 1 process, same window) / tasks/s of the row.\n",

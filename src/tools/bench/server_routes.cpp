@@ -3,12 +3,15 @@
 #include <time.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 
+#include "bench_gpu.h"
 #include "cpu_floors.h"
 #include "cpu_routes.h"
 #include "tool_util.h"
@@ -297,6 +300,82 @@ TransportRun transport_run(int t, const ServerProc &srv) {
 
 bool has(const std::vector<int> &ts, int t) { return std::find(ts.begin(), ts.end(), t) != ts.end(); }
 
+// The value of `name` in a NUL-separated environment block; nullptr: unset.
+const char *env_in(const std::string &block, const char *name, std::string *value) {
+  const std::string key = std::string(name) + "=";
+  for (size_t at = 0; at < block.size();) {
+    size_t end = block.find('\0', at);
+    if (end == std::string::npos) end = block.size();
+    if (block.compare(at, key.size(), key) == 0) {
+      *value = block.substr(at + key.size(), end - at - key.size());
+      return value->c_str();
+    }
+    at = end + 1;
+  }
+  return nullptr;
+}
+
+// What selects CUDA device 0: CUDA_VISIBLE_DEVICES' first entry and
+// CUDA_DEVICE_ORDER, "first/order" ("-" for unset).
+std::string cuda_device0(const char *visible, const char *order) {
+  std::string v = visible ? std::string(visible) : "-";
+  return v.substr(0, v.find(',')) + "/" + (order ? order : "-");
+}
+
+// The server's GPU 0 must be this process's CUDA device 0 (docs/server.md,
+// "Client kernels": run both with the same CUDA_VISIBLE_DEVICES).  Compares
+// what selects device 0 in the server's environment (/proc/PID/environ) with
+// this process's; "" when they agree or the server's cannot be read.
+std::string gpu0_mismatch(pid_t server) {
+  if (server <= 0) return "";
+  std::ifstream in("/proc/" + std::to_string(server) + "/environ", std::ios::binary);
+  if (!in) return "";
+  const std::string block((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (block.empty()) return "";
+  std::string sv, so;
+  const std::string theirs = cuda_device0(env_in(block, "CUDA_VISIBLE_DEVICES", &sv),
+                                          env_in(block, "CUDA_DEVICE_ORDER", &so));
+  const std::string ours =
+      cuda_device0(std::getenv("CUDA_VISIBLE_DEVICES"), std::getenv("CUDA_DEVICE_ORDER"));
+  if (theirs == ours) return "";
+  return "server's GPU 0 is not CUDA device 0 here: CUDA_VISIBLE_DEVICES[0]/CUDA_DEVICE_ORDER " +
+         theirs + " there, " + ours + " here";
+}
+
+// "client gpu0->cpu" and "client gpu0->local": a kernel of this process, a
+// client of the server at `address`, submits through its relay.  Each goes
+// right after the embedded row of the same route (main.cpp measured those
+// before the server started), so the two sit side by side.
+void client_gpu_rows(const chi_bench_options &opt, const std::string &address, int transport,
+                     pid_t server, std::vector<chi_bench_row> &rows) {
+  chi_bench_row got[2];
+  chi_runtime_t *rt = nullptr;
+  chi_status_t refused = CHI_OK;
+  std::string why = gpu0_mismatch(server);
+  if (!why.empty()) {
+    refused = CHI_ERR_INVALID;
+  } else {
+    chi_config_t cfg;
+    chi_config_init(&cfg);
+    cfg.mode = CHI_MODE_CLIENT;
+    cfg.server_address = address.c_str();
+    refused = chi_init(&cfg, &rt);
+    if (refused != CHI_OK) why = std::string("chi_init: ") + chi_last_error_message();
+  }
+  const int n = chi_bench_gpu_client_rows(rt, &opt, refused, why.c_str(), got, 2);
+  if (rt) chi_finalize(rt);  // after the kernels, which the call above waited for
+  for (int i = 0; i < n; i++) {
+    chi_bench_row &r = got[i];
+    std::snprintf(r.transport, sizeof r.transport, "%s", transport_name(transport));
+    r.processes = 1;
+    const char *embedded = r.name + std::strlen("client ");
+    auto at = std::find_if(rows.begin(), rows.end(), [&](const chi_bench_row &e) {
+      return std::strcmp(e.name, embedded) == 0;
+    });
+    rows.insert(at == rows.end() ? rows.end() : at + 1, r);
+  }
+}
+
 }  // namespace
 
 std::vector<int> server_transports(const ServerOptions &so) {
@@ -340,6 +419,8 @@ bool run_server_rows(const chi_bench_options &opt, const ServerOptions &so, int3
     rep->transports.push_back(transport_run(t, srv));
     transport_rows(opt, so, rep->transports.back(), std::string(), rows, rep);
   }
+  // A started server's shm address is always there; an existing one's is the address given.
+  if (so.client_gpu) client_gpu_rows(opt, srv.address, start ? kShm : ts.front(), srv.pid, rows);
 
   uint32_t most = 0;
   for (uint32_t n : so.clients) most = std::max(most, n);

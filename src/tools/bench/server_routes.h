@@ -41,6 +41,8 @@ struct ServerOptions {
   uint64_t idle_ms = 2000;       // idle-CPU window; wake-ups follow idle_ms / 2 of idle
   uint32_t wake_samples = 5;     // wake-up round trips (each on another client)
   uint64_t sample_budget = 4u << 20;  // latency samples kept per run, all clients
+  bool client_gpu = false;       // a client kernel's rows too (main.cpp: set when this
+                                 // process's embedded runtime drove a GPU)
 };
 
 struct IdleFigures {
@@ -93,8 +95,9 @@ struct ServerReport {
 std::vector<int> server_transports(const ServerOptions &so);
 
 // Starts or attaches the server, adds the client->server latency and
-// pipelined rows to `rows`, runs the sweep, idle and fairness parts into
-// *rep, stops a started server.  Returns false (err set) when no server could
+// pipelined rows to `rows` (with so.client_gpu also "client gpu0->cpu" and
+// "client gpu0->local", each after the embedded row of its route), runs the
+// sweep, idle and fairness parts into *rep, stops a started server.  Returns false (err set) when no server could
 // be started or reached; failures of single rows are in those rows.
 bool run_server_rows(const chi_bench_options &opt, const ServerOptions &so, int32_t workers,
                      const char *config, std::vector<chi_bench_row> &rows, ServerReport *rep,

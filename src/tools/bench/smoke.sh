@@ -2,7 +2,8 @@
 # bench_smoke: a tiny chimaera-bench --json run must exit 0 and print JSON that
 # parses and holds the floor and the CPU routes with numbers, ratios included;
 # then a tiny --server start run (client processes over shm, ipc, tcp and tcp
-# with CURVE next to the raw libzmq floors, sweep 1,2, idle figures, fairness)
+# with CURVE next to the raw libzmq floors, sweep 1,2, idle figures, fairness;
+# with a GPU, a client kernel's round trips beside embedded ones)
 # must do the same and leave no process or file behind.  Checks shapes only,
 # never times.  Exits 77 (skipped) without python3.
 set -eu
@@ -86,6 +87,20 @@ for t in ("ipc", "tcp", "tcp-curve"):
         want = rows[pipe]["throughput_per_s"] / r["throughput_per_s"]
         assert abs(r["ratio"] - want) <= 1e-2 * want + 1e-3, name + ": ratio"
 assert rows["client->server"]["transport"] == "shm"
+# With a GPU: a client kernel's GPU->CPU and GPU->GPU rows, each right after
+# the embedded row of its route, all naming the GPU floors of the same run.
+names = [r["name"] for r in doc["rows"]]
+if doc["machine"]["gpus"] > 0:
+    for route, floor in (("gpu0->cpu", "floor.gpu_cpu_pingpong"), ("gpu0->local", "floor.gpu_block_pingpong")):
+        assert names.index("client " + route) == names.index(route) + 1, route + ": order"
+        for name in (route, "client " + route):
+            r = rows[name]
+            assert r["status"] == 0, name + ": " + r["error"]
+            assert r["count"] > 0 and r["p99_ns"] >= r["p50_ns"] > 0, name
+            assert r["floor"] == floor and r["ratio"] > 0, name + ": floor"
+        assert rows["client " + route]["transport"] == "shm", route + ": transport"
+else:
+    assert not any("gpu" in n for n in names), "GPU rows without a GPU"
 srv = doc["server"]
 assert srv["started"] is True and srv["exit_status"] == 0, "server exit %r" % srv["exit_status"]
 assert [t["transport"] for t in srv["transports"]] == ["shm", "ipc", "tcp", "tcp-curve"], "transports"
