@@ -97,6 +97,49 @@ __global__ void k_payloads(chi_dev_context_t ctx, chi_route_t route, uint32_t ma
   }
 }
 
+/* One thread: echo of many sizes around the copy paths' edges (16-byte
+ * pieces, the 64-byte register path, the 112-byte inline limit, batches,
+ * the maximum), from inputs and into outputs at odd offsets.  Bytes around
+ * the output must stay as they were (a copy that writes a padded tail past
+ * the size would show here).  st[0]: tasks right, st[1]: first wrong
+ * (size << 8 | in_off << 4 | out_off), st[2]: its status, st[3]: tasks tried. */
+__global__ void k_shapes(chi_dev_context_t ctx, chi_route_t route, uint32_t max, uint8_t *scratch,
+                         int32_t *st) {
+  const uint32_t sizes[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 80,
+                            100, 111, 112, 113, 127, 128, 129, 1000, 1023, 1024, 4095, 0};
+  const uint32_t in_offs[] = {0, 1, 3, 4, 8}, out_offs[] = {0, 1, 5, 8};
+  uint8_t *in = scratch, *out = scratch + 8192;
+  int32_t right = 0, tried = 0;
+  st[1] = -1;
+  for (uint32_t si = 0; si < sizeof sizes / sizeof sizes[0]; ++si) {
+    const uint32_t n = sizes[si] == 0 ? max : sizes[si];
+    if (n > max) continue;
+    for (uint32_t ii = 0; ii < 5; ++ii)
+      for (uint32_t oi = 0; oi < 4; ++oi) {
+        const uint32_t io = in_offs[ii], oo = out_offs[oi];
+        gt_fill(in + io, n, 7000 + n + io);
+        for (uint32_t b = 0; b < n + oo + 48; ++b) out[b] = 0xA5;
+        chi_future_t f;
+        uint32_t osz = 0;
+        ++tried;
+        chi_status_t s = chi_dev_submit(&ctx, route, CHI_METHOD_ECHO, in + io, n, &f);
+        if (s == CHI_OK) s = chi_dev_wait(&ctx, f, GT_WAIT_NS, out + oo, n, &osz);
+        int ok = s == CHI_OK && osz == n;
+        for (uint32_t b = 0; ok && b < oo; ++b) ok = out[b] == 0xA5;
+        for (uint32_t b = 0; ok && b < n; ++b) ok = out[oo + b] == gt_byte(7000 + n + io, b);
+        for (uint32_t b = 0; ok && b < 48; ++b) ok = out[oo + n + b] == 0xA5;
+        if (ok) {
+          ++right;
+        } else if (st[1] == -1) {
+          st[1] = (int32_t)(n << 8 | io << 4 | oo);
+          st[2] = s;
+        }
+      }
+  }
+  st[0] = right;
+  st[3] = tried;
+}
+
 /* One thread: the error paths of the device API over `route`. */
 __global__ void k_errors(chi_dev_context_t ctx, chi_route_t route, uint32_t max, uint8_t *scratch,
                          int32_t *st, uint32_t *val) {
@@ -428,6 +471,27 @@ static void test_d2d_payloads(void **state) {
   run_payloads(CHI_ROUTE_GPU(0));
 }
 
+static void run_shapes(chi_route_t route) {
+  memset(g_st, 0x7F, 64 * sizeof(int32_t));
+  k_shapes<<<1, 1, 0, g_stream>>>(g_ctx, route, g_max, g_scratch, g_st);
+  sync_stream();
+  const int32_t want = g_st[3]; /* the sizes up to gpu.max_payload, at every offset */
+  assert_true(want >= 20 * 5 * 4);
+  if (g_st[0] != want)
+    fail_msg("route %d: %d of %d echoes right; first wrong: %d bytes, input offset %d, output offset %d, "
+             "status %d", route, g_st[0], want, g_st[1] >> 8, (g_st[1] >> 4) & 15, g_st[1] & 15, g_st[2]);
+}
+
+/* Sizes and alignments around every copy path, bytes around the output untouched. */
+static void test_d2h_shapes(void **state) {
+  (void)state;
+  run_shapes(CHI_ROUTE_CPU);
+}
+static void test_d2d_shapes(void **state) {
+  (void)state;
+  run_shapes(CHI_ROUTE_LOCAL);
+}
+
 static void test_d2h_errors(void **state) {
   (void)state;
   run_errors(CHI_ROUTE_CPU);
@@ -650,7 +714,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_h2d_payloads),   cmocka_unit_test(test_h2d_errors),
       cmocka_unit_test(test_h2d_threads),    cmocka_unit_test(test_d2h_payloads),
-      cmocka_unit_test(test_d2d_payloads),   cmocka_unit_test(test_d2h_errors),
+      cmocka_unit_test(test_d2d_payloads),   cmocka_unit_test(test_d2h_shapes),
+      cmocka_unit_test(test_d2d_shapes),   cmocka_unit_test(test_d2h_errors),
       cmocka_unit_test(test_d2d_errors),     cmocka_unit_test(test_d2h_source),
       cmocka_unit_test(test_device_timeout), cmocka_unit_test(test_d2h_many_warps),
       cmocka_unit_test(test_d2d_many_warps), cmocka_unit_test(test_diverged_lanes),
