@@ -706,7 +706,17 @@ contains
     call check(chi_gpu_count(self%handle, count), "chi_gpu_count", stat)
   end function runtime_gpu_count
 
-  ! The device context of GPU gpu, for kernels written in CUDA/HIP.
+  ! The device context of GPU gpu, for kernels written in CUDA/HIP: pass ctx
+  ! to a bind(C) launcher of your own (type(chi_dev_context_t), intent(in):
+  ! a const chi_dev_context_t * in C), which hands it to the kernel by value.
+  ! Valid until destroy; the kernels must have finished by then.  In a client
+  ! (mode=CHI_MODE_CLIENT) it is the relay context of this process's kernels
+  ! on the server's GPU gpu, the client's CUDA device of that number: their
+  ! submits go to the server, CHI_ROUTE_CPU also to this runtime's own
+  ! handlers (source = gpu).  The first call for a GPU starts the relay:
+  ! make it before launching the kernels.  stat: CHI_ERR_INVALID (gpu >=
+  ! gpu_count()), CHI_ERR_NO_DEVICE (no such GPU; in a client: the server
+  ! drives none, or this process sees no CUDA device gpu).
   recursive subroutine runtime_gpu_context(self, gpu, ctx, stat)
     class(chi_runtime), intent(in) :: self
     integer(c_int32_t), intent(in) :: gpu

@@ -368,12 +368,34 @@ impl RuntimeRef {
     }
 
     /// The device context of GPU `gpu`, to pass by value to kernels that use
-    /// `chimaera_device.h`.
+    /// `chimaera_device.h` (`chi_gpu_context`).  Valid until the runtime is
+    /// finalized: the kernels that use it must have finished by then.
+    ///
+    /// In a client ([`Mode::Client`](crate::Mode::Client)) it is the relay
+    /// context of the process's own kernels on the server's GPU `gpu`, the
+    /// client's CUDA device of the same number (run client and server with
+    /// the same `CUDA_VISIBLE_DEVICES`): every route those kernels submit on
+    /// goes through a relay in this process to the server, and
+    /// [`Route::Cpu`] also reaches this runtime's own
+    /// [`register_handler`](Runtime::register_handler) closures, which then
+    /// see [`Request::source`] `Route::Gpu(gpu)` (docs/server.md, "Client
+    /// kernels").  The first call for a GPU allocates the relay's memory and
+    /// starts its threads, so make it before launching the kernels; later
+    /// calls return the same context.
     ///
     /// # Errors
     ///
-    /// [`Status::Invalid`] (out of range),
-    /// [`Status::NoDevice`].
+    /// [`Status::Invalid`] (`gpu` out of range: at or above
+    /// [`gpu_count`](Self::gpu_count), the server's count in a client),
+    /// [`Status::NoDevice`] (no such GPU; in a client: the server drives
+    /// none, or this process sees no CUDA device `gpu`), [`Status::NoMem`].
+    ///
+    /// ```
+    /// # let rt = chimaera::Runtime::new(&chimaera::Config::new().gpus(0))?;
+    /// let err = rt.gpu_context(0).unwrap_err();
+    /// assert_eq!(err.status(), chimaera::Status::NoDevice);
+    /// # Ok::<(), chimaera::Error>(())
+    /// ```
     pub fn gpu_context(&self, gpu: u32) -> Result<DevContext> {
         let mut ctx = sys::chi_dev_context_t { opaque: [0; 32] };
         // SAFETY: valid runtime and out-pointer.
@@ -387,7 +409,8 @@ impl RuntimeRef {
     ///
     /// # Errors
     ///
-    /// [`Status::Invalid`], [`Status::NoDevice`], [`Status::Internal`].
+    /// [`Status::Invalid`], [`Status::NoDevice`] (also always in a client:
+    /// the orchestrators are the server's), [`Status::Internal`].
     pub fn gpu_pause(&self, gpu: Option<u32>) -> Result<()> {
         let g = gpu.map_or(-1, |g| Route::Gpu(g).raw());
         // SAFETY: valid runtime.
@@ -413,7 +436,14 @@ impl fmt::Debug for RuntimeRef {
 }
 
 /// A GPU's device context (`chi_dev_context_t`), a plain value that kernels
-/// receive by value.
+/// receive by value, from [`RuntimeRef::gpu_context`].
+///
+/// Kernels are CUDA/HIP code: hand the context to a launcher of your own
+/// through FFI, as `&ctx.0` (`const chi_dev_context_t *`) or by value
+/// (`ctx.0`), and have the launcher pass it to the kernel by value.  The
+/// launch is `unsafe` in Rust: the kernels must finish before the runtime is
+/// finalized.  `tests/gpu_client.rs` with `bindings/tests/client_kernel.cu`
+/// shows one in a client process.
 #[derive(Debug, Clone, Copy)]
 #[repr(transparent)]
 pub struct DevContext(pub sys::chi_dev_context_t);
