@@ -426,7 +426,7 @@ CHI_DEVICE chi_status_t cpu_prepare(const chi_dev_layout *l, const void *input, 
 
 /* GPU->CPU, step 2: the ring entry of ticket t, data words first, header last. */
 CHI_DEVICE void cpu_publish(const chi_dev_layout *l, uint64_t t, chi_method_t method, const void *input,
-                            uint32_t input_size, uint32_t slot, uint32_t gen) {
+                            uint32_t input_size, uint32_t slot, uint32_t gen, bool fence = true) {
   uint64_t *e = l->d2h_ring + (t & (l->d2h_ring_entries - 1u)) * CHI_DEV_LL_WORDS;
   const uint32_t flag = static_cast<uint32_t>(t) + 1u;
   if (input_size <= CHI_DEV_LL_INLINE) {
@@ -445,8 +445,9 @@ CHI_DEVICE void cpu_publish(const chi_dev_layout *l, uint64_t t, chi_method_t me
   chi_port::ll_store16(e, ll_pack(method, flag), ll_pack(input_size, flag));
   /* Not for ordering (the flags do that) but for speed: without it the
    * stores can linger on the GPU side; measured on an H100, a GPU->CPU round
-   * trip took 14.7 us at p50 without and 10.4 us with this fence. */
-  chi_port::fence_sys();
+   * trip took 14.7 us at p50 without and 10.4 us with this fence (gpu_breakdown
+   * measures it again: fence = false, its "gpu->cpu, no fence" rows). */
+  if (fence) chi_port::fence_sys();
 }
 
 CHI_DEVICE chi_status_t check_submit(const chi_dev_context_t *ctx, chi_route_t route, chi_method_t method,

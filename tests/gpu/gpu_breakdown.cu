@@ -156,7 +156,7 @@ enum { kT0, kPrepared, kPublished, kSeen, kTaken, kStamps };
  * the real submit path with stamps between its steps; then chi_dev_wait. */
 __global__ void k_device_route(chi_dev_context_t ctx, chi_route_t route, chi_method_t method,
                                uint32_t payload, uint32_t n, uint8_t *buf, uint64_t *st,
-                               int32_t *bad) {
+                               int32_t *bad, bool fence) {
   using namespace chi_dev_detail;
   uint8_t *in = buf, *out = buf + kMaxPayload;
   for (uint32_t i = 0; i < payload; ++i) in[i] = static_cast<uint8_t>(i * 7u);
@@ -187,7 +187,7 @@ __global__ void k_device_route(chi_dev_context_t ctx, chi_route_t route, chi_met
     } else {
       s = cpu_prepare(l, in, payload, &slot, &gen, true, &ticket);
       t[kPrepared] = chi_port::timer_ns();
-      if (s == CHI_OK) cpu_publish(l, ticket, method, in, payload, slot, gen); /* embedded: the slot alone */
+      if (s == CHI_OK) cpu_publish(l, ticket, method, in, payload, slot, gen, fence); /* embedded: the slot alone */
       t[kPublished] = chi_port::timer_ns();
       if (s == CHI_OK) /* header-only polls, as chi_dev_wait's later ones */
         while (!reply_arrived(l, slot, gen)) {
@@ -356,13 +356,15 @@ int main(int argc, char **argv) {
 
   for (uint32_t payload : payloads) {
     /* ---- GPU->CPU and GPU->GPU, from a kernel */
-    for (int r = 0; r < 2; ++r) {
-      const chi_route_t route = r == 0 ? CHI_ROUTE_CPU : CHI_ROUTE_LOCAL;
-      const char *name = r == 0 ? "gpu->cpu" : "gpu->gpu";
-      k_device_route<<<1, 1, 0, stream>>>(ctx, route, m, payload, warm, buf, st, bad);
+    for (int r = 0; r < 3; ++r) {
+      /* r 2: GPU->CPU without the publish's system fence (cpu_publish's comment) */
+      const chi_route_t route = r == 1 ? CHI_ROUTE_LOCAL : CHI_ROUTE_CPU;
+      const char *name = r == 0 ? "gpu->cpu" : r == 1 ? "gpu->gpu" : "gpu->cpu nofence";
+      const bool fence = r != 2;
+      k_device_route<<<1, 1, 0, stream>>>(ctx, route, m, payload, warm, buf, st, bad, fence);
       BD_CHECK(cudaStreamSynchronize(stream));
       const Offset before = clock_offset(500); /* around the run: the clocks drift apart */
-      k_device_route<<<1, 1, 0, stream>>>(ctx, route, m, payload, n, buf, st, bad);
+      k_device_route<<<1, 1, 0, stream>>>(ctx, route, m, payload, n, buf, st, bad, fence);
       BD_CHECK(cudaStreamSynchronize(stream));
       const Offset after = clock_offset(500);
       if (*bad) {
@@ -371,7 +373,7 @@ int main(int argc, char **argv) {
         break;
       }
       BD_CHECK(cudaMemcpy(t.data(), st, t.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
-      if (r == 0) {
+      if (r != 1) {
         memcpy(hs.data(), g_host_stamps, hs.size() * sizeof(uint64_t));
         for (uint32_t i = 0; i < n; ++i) { /* to device time */
           const int64_t o = offset_at(before, after, hs[2 * i]);
@@ -392,7 +394,7 @@ int main(int argc, char **argv) {
         take.push_back(double(x[kTaken] - x[kSeen]));
         total.push_back(double(x[kTaken] - x[kT0]));
       }
-      if (r == 0) {
+      if (r != 1) {
         row(name, payload, "1 slot + payload to host buffer (>112 B)", prep);
         row(name, payload, "2 ring entry write + system fence", pub);
         row(name, payload, "3 to handler: bus, host poll, payload read", to_h);
