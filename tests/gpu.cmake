@@ -29,9 +29,12 @@ if(CHI_HAVE_CUDA)
   if(TARGET chimaera-server)
     chi_add_test(test_gpu_client SOURCES gpu/test_gpu_client.cu GPU TIMEOUT 300 LABELS "gpu;client;server")
     add_dependencies(test_gpu_client chimaera-server)
-    # The server's module for the device memory case: reads a client's region with cudaMemcpy.
-    add_library(chi_test_client_mem_module MODULE gpu/client_mem_module.c)
+    # The server's module for the device memory case: reads a client's region with
+    # cudaMemcpy (CPU handler) and with chi_dev_mem_resolve (GPU handler, a user orchestrator).
+    add_library(chi_test_client_mem_module MODULE gpu/client_mem_module.c gpu/client_mem_module_gpu.cu)
     target_link_libraries(chi_test_client_mem_module PRIVATE chimaera::chimaera CUDA::cudart)
+    set_target_properties(chi_test_client_mem_module PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON
+      CUDA_RUNTIME_LIBRARY Shared C_VISIBILITY_PRESET hidden CUDA_VISIBILITY_PRESET hidden)
     add_dependencies(test_gpu_client chi_test_client_mem_module)
     target_compile_definitions(test_gpu_client PRIVATE CHI_SERVER_PATH="$<TARGET_FILE:chimaera-server>"
       CHI_MEM_MODULE_PATH="$<TARGET_FILE:chi_test_client_mem_module>")

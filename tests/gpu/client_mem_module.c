@@ -4,6 +4,9 @@
  * client registered (chi_register_gpu_mem in a client), resolves it in the
  * server and answers the FNV-1a 64 of those bytes (read with cudaMemcpy on
  * a stream of its own: the server maps the client's allocation).
+ * "test.gpu_mem_sum" (client_mem_module_gpu.cu) answers the same from the
+ * server's orchestrator: a GPU handler that resolves the reference with
+ * chi_dev_mem_resolve.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +14,8 @@
 #include <cuda_runtime_api.h>
 
 #include "chimaera.h"
+
+chi_status_t client_mem_module_install_gpu(chi_runtime_t *rt); /* client_mem_module_gpu.cu */
 
 static chi_runtime_t *g_rt;
 static cudaStream_t g_stream;
@@ -47,5 +52,8 @@ __attribute__((visibility("default"))) chi_status_t chimaera_module_init(chi_run
   g_rt = rt;
   /* Without a GPU the module still loads (test_gpu_client then exits 77). */
   if (cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking) != cudaSuccess) g_stream = NULL;
-  return chi_register_handler(rt, "test.memsum", memsum, NULL, NULL);
+  chi_status_t s = chi_register_handler(rt, "test.memsum", memsum, NULL, NULL);
+  int32_t gpus = 0;
+  if (s == CHI_OK && chi_gpu_count(rt, &gpus) == CHI_OK && gpus > 0) s = client_mem_module_install_gpu(rt);
+  return s;
 }

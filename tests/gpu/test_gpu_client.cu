@@ -12,8 +12,10 @@
  * client kernel waits (the kernel gets CHI_ERR_DISCONNECTED, not its
  * timeout), and a client SIGKILLed while its kernel submits (the server drops
  * it and serves the next client).  Client device memory (chi_register_gpu_mem
- * in a client): read by a server module's handler through the region,
- * refused outside it, gone at chi_unregister_mem and when the client dies.
+ * in a client): read by a server module's CPU handler and by its GPU handler
+ * (chi_dev_mem_resolve in the server's orchestrator; submitted from the
+ * client's host and from a client kernel) through the region, refused
+ * outside it, gone at chi_unregister_mem and when the client dies.
  * Then 8 clients at once.
  * One program in several roles (argv[1]); the controller (no argument) never
  * touches CUDA itself.  Exit 77 without a usable GPU.
@@ -304,27 +306,50 @@ static uint64_t fnv(const uint8_t *p, size_t n) {
   return h;
 }
 
+/* References to client device memory submitted by a client kernel (the relay
+ * context) to the server's GPU handler test.gpu_mem_sum on CHI_ROUTE_GPU(0):
+ * one thread, the status and answer of each in st[] and h[]. */
+__global__ void k_gpu_mem(chi_dev_context_t ctx, chi_method_t m, const chi_mem_ref_t *refs, uint32_t n, int *st,
+                          uint64_t *h) {
+  for (uint32_t i = 0; i < n; ++i) {
+    chi_mem_ref_t ref = refs[i];
+    chi_future_t f;
+    uint64_t out = 0;
+    uint32_t on = 0;
+    chi_status_t s = chi_dev_submit(&ctx, CHI_ROUTE_GPU(0), m, &ref, sizeof ref, &f);
+    if (s == CHI_OK) s = chi_dev_wait(&ctx, f, WAIT_NS, &out, sizeof out, &on);
+    st[i] = s == CHI_OK && on != 8 ? -2000 : s;
+    h[i] = out;
+  }
+}
+
 /* Client device memory: registered with the server, read there by the
- * module's test.memsum through the region, refused outside it, gone after
- * chi_unregister_mem.  die: registers two regions, says "R" and SIGKILLs
- * itself (the server must drop them).  0 ok, 1 bad, 77 no GPU. */
+ * module's test.memsum (CPU handler) and test.gpu_mem_sum (GPU handler, on
+ * CHI_ROUTE_GPU(0) from this host and from a kernel) through the region,
+ * refused outside it, gone after chi_unregister_mem.  die: registers two
+ * regions, says "R" and SIGKILLs itself (the server must drop them).  0 ok,
+ * 1 bad, 77 no GPU. */
 static int client_mem(const char *address, bool die) {
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) return 77;
   chi_runtime_t *rt = connect(address);
   if (!rt) return 1;
+  chi_dev_context_t ctx;
+  const bool have_ctx = !die && chi_gpu_context(rt, 0, &ctx) == CHI_OK;
   const size_t n = 1u << 20;
   std::vector<uint8_t> host(n);
   for (size_t i = 0; i < n; ++i) host[i] = (uint8_t)(i * 7 + (i >> 9));
   uint8_t *d = NULL;
   if (cudaMalloc(&d, n) != cudaSuccess || cudaMemcpy(d, host.data(), n, cudaMemcpyHostToDevice) != cudaSuccess) return 1;
   int bad = 0;
-#define MEM_CHECK(cond)                                                                    \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
-      fprintf(stderr, "mem: line %d: %s (%s)\n", __LINE__, #cond, chi_last_error_message()); \
-      ++bad;                                                                               \
-    }                                                                                      \
+  int last = 0; /* the last status of the GPU handler checked */
+#define MEM_CHECK(cond)                                                                  \
+  do {                                                                                   \
+    if (!(cond)) {                                                                       \
+      fprintf(stderr, "mem: line %d: %s (%s; last GPU handler status %d)\n", __LINE__, \
+              #cond, chi_last_error_message(), last);                                    \
+      ++bad;                                                                             \
+    }                                                                                    \
   } while (0)
   uint64_t region = 0, r2 = 0;
   MEM_CHECK(chi_register_gpu_mem(rt, 0, d + 4096, 65536, &region) == CHI_OK);
@@ -336,7 +361,56 @@ static int client_mem(const char *address, bool die) {
     chi_status_t s = chi_submit(rt, CHI_ROUTE_CPU, m, &ref, sizeof ref, &f);
     return s == CHI_OK ? chi_wait(rt, f, WAIT_NS, h, sizeof *h, NULL) : s;
   };
+  /* The same through the server's GPU handler (chi_dev_mem_resolve in its orchestrator), from the host. */
+  chi_method_t gm = 0;
+  MEM_CHECK(chi_method_lookup(rt, "test.gpu_mem_sum", &gm) == CHI_OK);
+  auto gsum = [&](uint64_t reg, uint64_t off, uint64_t len, uint64_t *h) {
+    chi_mem_ref_t ref = {reg, off, len};
+    chi_future_t f;
+    size_t on = 0;
+    *h = 0;
+    chi_status_t s = chi_submit(rt, CHI_ROUTE_GPU(0), gm, &ref, sizeof ref, &f);
+    if (s == CHI_OK) s = chi_wait(rt, f, WAIT_NS, h, sizeof *h, &on);
+    return last = s == CHI_OK && on != 8 ? -2000 : s;
+  };
+  /* ... and from a client kernel through the relay context: refs[i] answers st[i], h[i]. */
+  chi_mem_ref_t *refs = NULL;
+  int *kst = NULL;
+  uint64_t *kh = NULL;
+  if (cudaMallocManaged(&refs, 8 * sizeof *refs) != cudaSuccess ||
+      cudaMallocManaged(&kst, 8 * sizeof *kst) != cudaSuccess || cudaMallocManaged(&kh, 8 * sizeof *kh) != cudaSuccess)
+    return 1;
+  auto ksum = [&](const std::vector<chi_mem_ref_t> &v) {
+    for (size_t i = 0; i < v.size(); ++i) {
+      refs[i] = v[i];
+      kst[i] = -3000;
+      kh[i] = 0;
+    }
+    k_gpu_mem<<<1, 1>>>(ctx, gm, refs, (uint32_t)v.size(), kst, kh);
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) fprintf(stderr, "mem: k_gpu_mem: %s\n", cudaGetErrorString(e));
+    return e == cudaSuccess;
+  };
   uint64_t h = 0;
+  if (!die) {
+    MEM_CHECK(gsum(region, 100, 1000, &h) == CHI_OK && h == fnv(host.data() + 4096 + 100, 1000));
+    MEM_CHECK(gsum(region, 0, 65536, &h) == CHI_OK && h == fnv(host.data() + 4096, 65536));
+    MEM_CHECK(gsum(region, 65535, 1, &h) == CHI_OK && h == fnv(host.data() + 4096 + 65535, 1));
+    MEM_CHECK(gsum(region, 65000, 1000, &h) == CHI_ERR_INVALID);         /* past the region */
+    MEM_CHECK(gsum(region, 65537, 0, &h) == CHI_ERR_INVALID);            /* offset past it */
+    MEM_CHECK(gsum(region, ~0ull - 10, 20, &h) == CHI_ERR_INVALID);      /* offset + length wraps */
+    MEM_CHECK(gsum(region, 10, ~0ull - 5, &h) == CHI_ERR_INVALID);       /* length wraps */
+    MEM_CHECK(gsum(region + 1, 0, 8, &h) == CHI_ERR_INVALID);            /* no such region */
+    MEM_CHECK(gsum(region ^ (1ull << 40), 0, 8, &h) == CHI_ERR_INVALID); /* another generation */
+    MEM_CHECK(have_ctx);
+    if (have_ctx) {
+      MEM_CHECK(ksum({{region, 100, 1000}, {region, 0, 65536}, {region, 65000, 1000}, {region, ~0ull - 10, 20}}));
+      MEM_CHECK((last = kst[0]) == CHI_OK && kh[0] == fnv(host.data() + 4096 + 100, 1000));
+      MEM_CHECK((last = kst[1]) == CHI_OK && kh[1] == fnv(host.data() + 4096, 65536));
+      MEM_CHECK((last = kst[2]) == CHI_ERR_INVALID);
+      MEM_CHECK((last = kst[3]) == CHI_ERR_INVALID);
+    }
+  }
   MEM_CHECK(sum(region, 100, 1000, &h) == CHI_OK && h == fnv(host.data() + 4096 + 100, 1000));
   MEM_CHECK(sum(region, 0, 65536, &h) == CHI_OK && h == fnv(host.data() + 4096, 65536));
   MEM_CHECK(sum(region, 65000, 1000, &h) == CHI_ERR_INVALID); /* past the region */
@@ -350,11 +424,29 @@ static int client_mem(const char *address, bool die) {
   /* A second region of the same allocation, then both gone. */
   MEM_CHECK(chi_register_gpu_mem(rt, 0, d + 8192, 100, &r2) == CHI_OK && r2 != region);
   MEM_CHECK(sum(r2, 0, 100, &h) == CHI_OK && h == fnv(host.data() + 8192, 100));
+  if (!die) MEM_CHECK(gsum(r2, 0, 100, &h) == CHI_OK && h == fnv(host.data() + 8192, 100));
   MEM_CHECK(chi_unregister_mem(rt, region) == CHI_OK);
   MEM_CHECK(sum(region, 100, 1000, &h) == CHI_ERR_INVALID);
+  if (!die) {
+    MEM_CHECK(gsum(region, 100, 1000, &h) == CHI_ERR_INVALID); /* gone from the device table */
+    MEM_CHECK(gsum(region, 0, 8, &h) == CHI_ERR_INVALID);
+    MEM_CHECK(gsum(r2, 0, 100, &h) == CHI_OK && h == fnv(host.data() + 8192, 100));
+    if (have_ctx) {
+      MEM_CHECK(ksum({{region, 100, 1000}, {r2, 0, 100}}));
+      MEM_CHECK((last = kst[0]) == CHI_ERR_INVALID);
+      MEM_CHECK((last = kst[1]) == CHI_OK && kh[1] == fnv(host.data() + 8192, 100));
+    }
+  }
   MEM_CHECK(chi_unregister_mem(rt, region) == CHI_ERR_INVALID);
   MEM_CHECK(sum(r2, 0, 100, &h) == CHI_OK && h == fnv(host.data() + 8192, 100)); /* the mapping stays */
   MEM_CHECK(chi_unregister_mem(rt, r2) == CHI_OK);
+  if (!die) {
+    MEM_CHECK(gsum(r2, 0, 100, &h) == CHI_ERR_INVALID);
+    if (have_ctx) {
+      MEM_CHECK(ksum({{r2, 0, 100}}));
+      MEM_CHECK((last = kst[0]) == CHI_ERR_INVALID);
+    }
+  }
   if (die) {
     MEM_CHECK(chi_register_gpu_mem(rt, 0, d, 4096, &region) == CHI_OK);
     MEM_CHECK(chi_register_gpu_mem(rt, 0, d + 4096, 4096, &r2) == CHI_OK);
@@ -365,7 +457,11 @@ static int client_mem(const char *address, bool die) {
   }
   if (chi_finalize(rt) != CHI_OK) ++bad;
   cudaFree(d);
-  printf("# client device memory over %s: %s\n", address, bad ? "WRONG" : "right");
+  cudaFree(refs);
+  cudaFree(kst);
+  cudaFree(kh);
+  printf("# client device memory over %s (server CPU and GPU handlers, from the host and a client kernel): %s\n",
+         address, bad ? "WRONG" : "right");
   return bad ? 1 : 0;
 }
 
