@@ -178,9 +178,10 @@ CHI_DEVICE void bitmap_free(uint32_t *bm, uint32_t slot) {
   chi_port::fetch_and_release_dev(bm + (slot >> 5), ~(1u << (slot & 31u)));
 }
 
-/* Byte copy by one thread, with plain (weak) loads.  Past 64 bytes, aligned
- * 16-byte pieces go kCopyBatch at a time: all the loads first, then all the
- * stores.  A load-store loop waits for each load before issuing the next
+/* Byte copy by one thread, with plain (weak) loads.  Out of the runtime's
+ * padded buffers (src_padded), and from 16-byte aligned user input past 64
+ * bytes, 16-byte pieces go kCopyBatch at a time: all the loads first, then
+ * all the stores.  A load-store loop waits for each load before issuing the next
  * (the compiler must assume dst may alias src), so it pays one memory round
  * trip per 16 bytes: measured on an H100 (gpu_breakdown's probes), one
  * thread copying 4 KiB took 330 us out of pinned host memory that way and
