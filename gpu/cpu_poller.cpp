@@ -30,6 +30,7 @@ CpuPoller::CpuPoller(Runtime &rt, int32_t gpu, const Shape &shape, uint64_t *rin
 void CpuPoller::start() {
   stop_.store(false, std::memory_order_relaxed);
   group_ = std::make_unique<PollGroup>(shape_.cpu_pollers);
+  if (bell_.word_) group_->set_bell(&bell_, bell_check_ns_);
   for (uint32_t p = 0; p < shape_.cpu_pollers; ++p) threads_.emplace_back([this, p] { run(p); });
 }
 
@@ -38,6 +39,20 @@ void CpuPoller::stop() {
   if (group_) group_->stop();
   for (auto &t : threads_) t.join();
   threads_.clear();
+}
+
+void CpuPoller::set_bell(uint64_t *word, int64_t check_ns) {
+  bell_.word_ = word;
+  bell_check_ns_ = check_ns;
+}
+
+void CpuPoller::set_bell_live(bool live) {
+  if (bell_.live_.exchange(live, std::memory_order_seq_cst) == live || live || !group_) return;
+  group_->kick();  // back to naps: nothing will ring
+}
+
+void CpuPoller::bell_rang(uint64_t rung) {
+  if (group_ && rung != 0 && __atomic_load_n(bell_.word_, __ATOMIC_SEQ_CST) == rung) group_->kick();
 }
 
 // Serves the entry of `ticket` if a kernel has published it; false if not yet.

@@ -50,7 +50,29 @@ class CpuPoller {
   // thread, once per task.
   void reply(uint32_t slot, uint32_t gen, chi_status_t status, const void *out, size_t osize);
 
+  // The GPU's bell (PollGroup, docs/gpu.md "Idle GPU->CPU pollers"), before
+  // start(): `word` is the pinned word the orchestrator's keeper reads
+  // (host_lease[2]); the parked watcher sleeps on it for at most check_ns.
+  void set_bell(uint64_t *word, int64_t check_ns);
+  // Whether a leased orchestrator runs and will hear the bell; false wakes a
+  // watcher asleep on it (it naps again).
+  void set_bell_live(bool live);
+  // A launch ended after its keeper rang for bell value `rung`: wakes the
+  // watcher if that is the armed value.
+  void bell_rang(uint64_t rung);
+  // For diagnostics and tests: times the watcher slept on the bell.
+  uint64_t bell_sleeps() const { return group_ ? group_->bell_sleeps() : 0; }
+
  private:
+  class Bell : public PollBell {
+   public:
+    bool live() const override { return live_.load(std::memory_order_seq_cst); }
+    void arm(uint64_t first) override { __atomic_store_n(word_, first + 1, __ATOMIC_SEQ_CST); }
+    void disarm() override { __atomic_store_n(word_, 0, __ATOMIC_SEQ_CST); }
+    uint64_t *word_ = nullptr;
+    std::atomic<bool> live_{false};
+  };
+
   void run(uint32_t part);
   bool serve(uint64_t ticket, unsigned char *in, unsigned char *out);
 
@@ -64,6 +86,8 @@ class CpuPoller {
   D2hRelay *const relay_;
   std::atomic<bool> stop_{false};
   std::unique_ptr<PollGroup> group_;  // made by start()
+  Bell bell_;
+  int64_t bell_check_ns_ = 0;
   std::vector<std::thread> threads_;
 };
 

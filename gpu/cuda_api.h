@@ -31,6 +31,8 @@
 #define cudaStreamCreateWithPriority hipStreamCreateWithPriority
 #define cudaEvent_t hipEvent_t
 #define cudaEventDisableTiming hipEventDisableTiming
+#define cudaEventBlockingSync hipEventBlockingSync
+#define cudaEventSynchronize hipEventSynchronize
 #define cudaEventCreateWithFlags hipEventCreateWithFlags
 #define cudaEventRecord hipEventRecord
 #define cudaEventQuery hipEventQuery

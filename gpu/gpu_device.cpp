@@ -30,34 +30,31 @@ constexpr int64_t kDrainTimeoutNs = 10ll * 1000000000;
 // or virtualized host); a device-wide call made in this window also waits for
 // the successor's lease.
 constexpr int64_t kLeaseWakeEarlyNs = 100000;
-// Waiting for a launch to end: after this long past its lease, it naps between looks.
-constexpr int64_t kLeaseWatchNs = 200000;
-constexpr long kLeaseNapNs = 20000;
-// ... and starts looking this long before the lease ends.
-constexpr int64_t kLeaseEndSpinNs = 10000;
+// The lease thread sleeps at most this long between looks at a launch (the
+// bell thread wakes it as soon as one ends).
+constexpr int64_t kLeaseLookNs = 1000000;
+// The bell thread looks for a new launch this often even if none is announced.
+constexpr int64_t kBellIdleNs = 100000000;
+// Shutdown waits this long for the bell thread, which waits in the driver
+// for the last launch to end (forever if the kernel never stops).
+constexpr int64_t kBellJoinNs = 2000000000;
+
+}  // namespace
+
+// The bell thread's link to its device: shutdown leaves it behind
+// (orphaned) if it stays blocked in the driver, on a kernel that never
+// stopped; it then returns without touching the device when it wakes.
+struct BellLife {
+  std::mutex mu;  // held by the thread except while it waits
+  bool orphaned = false;
+  std::atomic<bool> done{false};
+};
+
+namespace {
 
 void sleep_ns(long ns) {
   timespec ts{0, ns};
   nanosleep(&ts, nullptr);
-}
-
-// Sleeps until now_ns() == t, in steps of at most 1 ms while `quit` is false.
-void sleep_until_ns(int64_t t, const std::atomic<bool> &quit) {
-  for (;;) {
-    const int64_t step = std::min<int64_t>(t, now_ns() + 1000000);
-    timespec ts{time_t(step / 1000000000), long(step % 1000000000)};
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) == EINTR) {
-    }
-    if (step >= t || quit.load(std::memory_order_relaxed)) return;
-  }
-}
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
 }
 
 }  // namespace
@@ -158,8 +155,11 @@ chi_status_t GpuDevice::allocate() {
   stop_src_ = reinterpret_cast<uint32_t *>(pinned_ + stop);
   host_lease_ = reinterpret_cast<uint64_t *>(pinned_ + stop + 64);
   diag_ = reinterpret_cast<uint64_t *>(pinned_ + d2h.diag);
+  // With a lease, the bell thread waits on these in the driver: blocking
+  // sync, so it sleeps until the GPU's interrupt instead of spinning.
+  const unsigned ev_flags = cudaEventDisableTiming | (s.lease_ns ? cudaEventBlockingSync : 0u);
   for (cudaEvent_t *ev : {&ended_[0], &ended_[1]})
-    if (cudaError_t e = cudaEventCreateWithFlags(ev, cudaEventDisableTiming); e != cudaSuccess)
+    if (cudaError_t e = cudaEventCreateWithFlags(ev, ev_flags); e != cudaSuccess)
       return cuda_error(CHI_ERR_INTERNAL, id_, "creating an event", e);
 
   size_t state = dc.take(sizeof(chi_dev_orch_state_t));
@@ -244,6 +244,8 @@ chi_status_t GpuDevice::allocate() {
   poller_ = std::make_unique<CpuPoller>(rt_, id_, s, reinterpret_cast<uint64_t *>(pinned_ + d2h.ring),
                                         reinterpret_cast<uint64_t *>(pinned_ + d2h.reply),
                                         bufs ? pinned_ + d2h.buf : nullptr, exec_.get());
+  if (s.lease_ns && rt_.config().gpu.poller_bell_check_us)
+    poller_->set_bell(&host_lease_[2], int64_t(rt_.config().gpu.poller_bell_check_us) * 1000);
   log(LogLevel::kInfo,
       "GPU %d (CUDA device %d): orchestrator %u x %u threads, %u polling warps, lease %llu us%s; "
       "%u CPU->GPU slots, %u device slots, %u CPU pollers; %.1f MiB pinned, %.1f MiB device",
@@ -259,8 +261,74 @@ chi_status_t GpuDevice::start() {
   poller_->start();
   launcher_ = launch_builtin;
   if (chi_status_t s = launch_locked(); s != CHI_OK) return s;
-  if (shape_.lease_ns) lease_thread_ = std::thread([this] { lease_loop(); });
+  if (shape_.lease_ns) {
+    bell_life_ = std::make_shared<BellLife>();
+    bell_thread_ = std::thread([this, life = bell_life_] { bell_loop(life); });
+    lease_thread_ = std::thread([this] { lease_loop(); });
+  }
+  bell_live_locked();
   return CHI_OK;
+}
+
+void GpuDevice::bell_live_locked() {
+  if (poller_) poller_->set_bell_live(shape_.lease_ns && running_ && !broken_ && !shut_ && bell_life_);
+}
+
+bool GpuDevice::wait_launch_end(uint64_t n, int64_t deadline, cudaError_t *err) {
+  for (;;) {
+    const uint32_t seq = end_seq_.load(std::memory_order_seq_cst);
+    *err = cudaEventQuery(ended_[n & 1]);
+    if (*err != cudaErrorNotReady) return true;
+    if (lease_quit_.load(std::memory_order_relaxed)) return false;
+    const int64_t left = deadline - now_ns();
+    if (left <= 0) return false;
+    futex_wait(&end_seq_, seq, std::min(left, kLeaseLookNs));
+  }
+}
+
+void GpuDevice::bell_loop(std::shared_ptr<BellLife> life) {
+  pthread_setname_np(pthread_self(), "chi-gpu-bell");
+  (void)cudaSetDevice(ordinal_);
+  std::unique_lock<std::mutex> hold(life->mu);
+  uint64_t k = 0;  // the launch whose end it waits for next
+  uint64_t last_rung = 0;
+  for (;;) {
+    const uint32_t seq = launch_seq_.load(std::memory_order_seq_cst);
+    if (lease_quit_.load()) break;
+    const uint64_t n = launches_.load();
+    if (k >= n) {
+      hold.unlock();
+      futex_wait(&launch_seq_, seq, kBellIdleNs);
+      hold.lock();
+      if (life->orphaned) return;
+      continue;
+    }
+    // Launches end in order; a late look finds launch k's event recorded
+    // again for k + 2, and waits for that one.
+    if (k + 2 < n) k = n - 2;
+    const cudaEvent_t ev = ended_[k & 1];
+    hold.unlock();
+    const cudaError_t e = cudaEventSynchronize(ev);
+    hold.lock();
+    if (life->orphaned) return;
+    ++k;
+    end_seq_.fetch_add(1, std::memory_order_seq_cst);
+    futex_wake(&end_seq_);
+    if (e != cudaSuccess) {
+      // A fault: the lease thread reports it and launches nothing more.
+      hold.unlock();
+      sleep_ns(1000000);
+      hold.lock();
+      if (life->orphaned) return;
+      continue;
+    }
+    const uint64_t rung = __atomic_load_n(&diag_[CHI_DIAG_BELL], __ATOMIC_ACQUIRE);
+    if (rung != 0 && rung != last_rung) {
+      last_rung = rung;
+      poller_->bell_rang(rung);
+    }
+  }
+  life->done.store(true);
 }
 
 void GpuDevice::lease_loop() {
@@ -305,7 +373,14 @@ void GpuDevice::lease_loop() {
     __atomic_store_n(&host_lease_[1], n + 2, __ATOMIC_RELEASE);
     lock.unlock();
     lease_phase(CHI_DIAG_PHASE_SLEEP, n);
-    if (due - kLeaseWakeEarlyNs > now_ns()) sleep_until_ns(due - kLeaseWakeEarlyNs, lease_quit_);
+    cudaError_t early;
+    if (wait_launch_end(n, due - kLeaseWakeEarlyNs, &early)) {
+      // Ended before its lease: the bell (docs/gpu.md), or the keeper
+      // stepped aside.  The top relaunches at once.
+      lock.lock();
+      if (lease_quit_.load()) return;
+      continue;
+    }
     // Queue the successor behind launch n: it starts as soon as n ends.
     lease_phase(CHI_DIAG_PHASE_LOCK, n);
     lock.lock();
@@ -319,22 +394,13 @@ void GpuDevice::lease_loop() {
     __atomic_store_n(&host_lease_[1], n + 3, __ATOMIC_RELEASE);
     lock.unlock();
     lease_phase(CHI_DIAG_PHASE_WAIT_END, n);
-    // Wait for launch n to end (about when its lease does): its successor
-    // starts then, and that start times the successor's lease.
-    if (due - kLeaseEndSpinNs > now_ns()) sleep_until_ns(due - kLeaseEndSpinNs, lease_quit_);
-    cudaError_t e;
-    for (;;) {
-      e = cudaEventQuery(ended_[n & 1]);
-      if (e != cudaErrorNotReady) break;
+    // Wait for launch n to end (about when its lease does; later while
+    // kernels use the device routes, if it started late or a handler runs
+    // long): its successor starts then, and that start times the
+    // successor's lease.  The bell thread wakes this one at the end.
+    cudaError_t e = cudaErrorNotReady;
+    while (!wait_launch_end(n, now_ns() + kLeaseLookNs, &e))
       if (lease_quit_.load(std::memory_order_relaxed) || launches_.load() != n + 2) break;
-      if (now_ns() - due > kLeaseWatchNs) {
-        // Late: launch n stays while kernels use the device routes, it
-        // started late (it waited for an SM), or a handler runs long.
-        sleep_ns(kLeaseNapNs);
-      } else {
-        for (int i = 0; i < 64; ++i) cpu_relax();  // spares the CUDA runtime's locks
-      }
-    }
     lease_phase(CHI_DIAG_PHASE_LOCK, n);
     lock.lock();
     if (lease_quit_.load()) return;
@@ -350,6 +416,7 @@ void GpuDevice::lease_loop() {
 void GpuDevice::fail_locked(const char *what) {
   broken_ = true;
   running_ = false;
+  bell_live_locked();
   failure_ = what ? std::string("GPU ") + std::to_string(id_) + ": " + what + ": " + last_error()
                   : std::string(last_error());
   // A fault in a kernel loses the process's CUDA context: nothing on this GPU
@@ -437,6 +504,9 @@ chi_status_t GpuDevice::launch_locked(bool behind) {
   __atomic_store_n(&host_lease_[0], index + 1, __ATOMIC_RELEASE);
   if (!behind) launched_at_ = now_ns();
   lease_cv_.notify_all();
+  launch_seq_.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake(&launch_seq_);
+  if (!behind) bell_live_locked();
   if (e != cudaSuccess) return cuda_error(CHI_ERR_INTERNAL, id_, "recording the launch's event", e);
   return CHI_OK;
 }
@@ -465,6 +535,7 @@ chi_status_t GpuDevice::pause_locked() {
     sleep_ns(nap);
   }
   running_ = false;
+  bell_live_locked();
   return CHI_OK;
 }
 
@@ -647,8 +718,24 @@ chi_status_t GpuDevice::shutdown() {
       (unsigned long long)launches_.load());
   lease_quit_.store(true);
   lease_cv_.notify_all();
+  launch_seq_.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake(&launch_seq_);
+  end_seq_.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake(&end_seq_);
   lock.unlock();
   if (lease_thread_.joinable()) lease_thread_.join();
+  if (bell_thread_.joinable()) {
+    const int64_t t0 = now_ns();
+    while (!bell_life_->done.load() && now_ns() - t0 < kBellJoinNs) sleep_ns(1000000);
+    if (bell_life_->done.load()) {
+      bell_thread_.join();
+    } else {
+      std::lock_guard<std::mutex> g(bell_life_->mu);
+      bell_life_->orphaned = true;
+      bell_thread_.detach();
+      log(LogLevel::kError, "GPU %d: the bell thread still waits for the orchestrator's last launch; left behind", id_);
+    }
+  }
   return status;
 }
 

@@ -85,6 +85,17 @@ class GpuDevice {
   // The lease thread: relaunches the orchestrator each time its lease ends,
   // until pause (waits for resume) or shutdown.
   void lease_loop();
+  // Until launch n's event completes (true, *err its status), `deadline`
+  // (now_ns) passes or the thread must quit (false); sleeps between looks
+  // until the bell thread says a launch ended.
+  bool wait_launch_end(uint64_t n, int64_t deadline, cudaError_t *err);
+  // The bell thread (with a lease): waits for each launch's end in the
+  // driver (a blocking-sync event: it sleeps until the GPU's interrupt),
+  // tells the lease thread, and wakes the parked pollers when the keeper
+  // rang their bell (docs/gpu.md, "Idle GPU->CPU pollers").
+  void bell_loop(std::shared_ptr<struct BellLife> life);
+  // Whether the parked pollers may sleep on the bell now.
+  void bell_live_locked();
   // The kernel or a launch failed: marks the GPU failed (broken_), logs why
   // (what, and the thread's last error), fails CPU->GPU submits and waits.
   void fail_locked(const char *what);
@@ -116,6 +127,10 @@ class GpuDevice {
   std::mutex mu_;  // serializes pause/resume/set_orchestrator/regions/shutdown and every launch
   std::condition_variable lease_cv_;  // running_ became true, or lease_quit_
   std::thread lease_thread_;          // only with a lease (gpu.lease_us > 0)
+  std::thread bell_thread_;           // with a lease too
+  std::shared_ptr<struct BellLife> bell_life_;
+  std::atomic<uint32_t> launch_seq_{0};  // futex: bumped by every launch, and at shutdown
+  std::atomic<uint32_t> end_seq_{0};     // futex: bumped by the bell thread when a launch ended
   std::atomic<bool> lease_quit_{false};
   std::atomic<uint64_t> launches_{0};  // kernel launches so far
   int64_t launched_at_ = 0;            // now_ns() when the newest launch started, about

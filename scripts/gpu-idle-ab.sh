@@ -58,9 +58,11 @@ fi
 note "build: ok ($(elapsed) s)"
 
 # 2. Idle embedded runtime with a GPU, per poller setting.  "default" is the
-# shipped configuration; PARK_AFTER_US=0 is every poller napping at
-# poll_interval_us (no parking), as before this change minus its spin.
-SETTINGS=${GPU_IDLE_SETTINGS:-"default;CHI_GPU_POLLER_WATCH_INTERVAL_US=250;CHI_GPU_POLLER_WATCH_INTERVAL_US=1000;CHI_GPU_POLLER_PARK_AFTER_US=0"}
+# shipped configuration (the parked watcher sleeps on the GPU's bell);
+# BELL_CHECK_US=0 is the watcher napping up to watch_interval_us instead;
+# PARK_AFTER_US=0 is every poller napping at poll_interval_us (no parking);
+# LEASE_US=0 a persistent orchestrator (no lease thread, no bell).
+SETTINGS=${GPU_IDLE_SETTINGS:-"default;CHI_GPU_POLLER_BELL_CHECK_US=0;CHI_GPU_POLLER_BELL_CHECK_US=0 CHI_GPU_POLLER_WATCH_INTERVAL_US=1000;CHI_GPU_POLLER_PARK_AFTER_US=0;CHI_GPU_LEASE_US=0"}
 note ""
 note "== idle embedded runtime, GPU 0 (chimaera-gpu-idle --idle-s 5 --samples 20 --gap-ms 1000)"
 IFS=';' read -r -a sets <<<"$SETTINGS"

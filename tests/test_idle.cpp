@@ -3,7 +3,11 @@
 // and a PollGroup of threads over a fake ring: every ticket served once and
 // in order per part, an idle group settles with one watcher and the others
 // asleep, a task of a sleeping poller's part is served while it sleeps, a
-// busy part wakes its owner, and stop() ends a parked group.
+// busy part wakes its owner, and stop() ends a parked group.  With a bell
+// (PollBell, as the GPU's keeper rings it): the watcher arms it with the
+// first ticket nobody served and sleeps without timed looks; a kick after a
+// ticket at or past it serves the task; a bell that is not live is never
+// armed.
 #include <sched.h>
 
 #include <atomic>
@@ -125,9 +129,25 @@ struct FakeRing {
   std::atomic<bool> out_of_order{false};
 };
 
+// What the GPU's keeper does, in the test's hands: armed holds 1 + the
+// first ticket the parked group has not served, 0 when disarmed.
+struct FakeBell : chi::PollBell {
+  bool live() const override { return is_live.load(); }
+  void arm(uint64_t first) override {
+    armed.store(first + 1);
+    arms.fetch_add(1);
+  }
+  void disarm() override { armed.store(0); }
+  std::atomic<bool> is_live{true};
+  std::atomic<uint64_t> armed{0}, arms{0};
+};
+
 struct Group {
-  Group(uint32_t n, uint32_t tickets, int64_t park_after_ns) : group(n), ring(tickets) {
+  Group(uint32_t n, uint32_t tickets, int64_t park_after_ns, FakeBell *bell = nullptr)
+      : group(n), ring(tickets) {
     ring.parts = n;
+    // A check long enough that only kick() can end the sleep within a test.
+    if (bell) group.set_bell(bell, 100000000000ll);
     cfg.spin_ns = 20000;
     cfg.nap_max_ns = 20000;
     cfg.park_after_ns = park_after_ns;
@@ -245,6 +265,34 @@ void test_group_single_part(void **) {
   for (uint32_t t = 0; t < 1000; ++t) assert_int_equal(g.ring.served[t].load(), 1);
 }
 
+void test_group_bell(void **) {
+  const uint32_t n = 4;
+  FakeBell bell;
+  Group g(n, 4096, 1000000, &bell);
+  for (uint64_t t = 0; t < 40; ++t) {
+    // Settled on the bell: armed with the next ticket, the watcher asleep.
+    while (bell.armed.load() != t + 1 || g.group.sleeping() != n - 1) sched_yield();
+    const uint64_t sleeps = g.group.bell_sleeps();
+    g.publish(t, t + 1);
+    // The keeper rings once the armed ticket is taken.
+    if (bell.armed.load() == t + 1) g.group.kick();
+    g.wait_done(t + 1);
+    assert_true(sleeps > 0);
+  }
+  for (uint64_t t = 0; t < 40; ++t) assert_int_equal(g.ring.served[t].load(), 1);
+  assert_false(g.ring.out_of_order.load());
+  // A bell that is not live: the watcher naps again and never arms it.
+  bell.is_live.store(false);
+  g.group.kick();
+  while (bell.armed.load() != 0) sched_yield();
+  const uint64_t arms = bell.arms.load();
+  g.publish(40, 41);  // served by a napping watcher: nobody kicks
+  g.wait_done(41);
+  assert_int_equal(bell.arms.load(), arms);
+  g.stop();
+  assert_int_equal(bell.armed.load(), 0);
+}
+
 }  // namespace
 
 int main() {
@@ -255,6 +303,7 @@ int main() {
       cmocka_unit_test(test_group_idle_one_watcher),
       cmocka_unit_test(test_group_stop_while_parked),
       cmocka_unit_test(test_group_single_part),
+      cmocka_unit_test(test_group_bell),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -16,7 +16,7 @@
 
 #include "chimaera.h"
 
-#define CHI_DEV_ABI_VERSION 6u
+#define CHI_DEV_ABI_VERSION 7u
 #define CHI_DEV_CTX_MAGIC 0x43484944u /* "CHID" */
 
 /* An LL record: 32 eight-byte words, each {uint32 data, uint32 flag}.  Words
@@ -138,7 +138,10 @@ typedef struct chi_dev_orch_state {
   uint64_t lease_ns;     /* the kernel's lease (0: never ends); see orchestrator_main */
   const uint64_t *host_lease; /* pinned, written by the runtime's lease thread: [0] launches
                                * queued so far, [1] index + 1 of the next launch it will
-                               * queue (it may be held back in a CUDA call) */
+                               * queue (it may be held back in a CUDA call); since ABI 7,
+                               * [2] the pollers' bell: 0, or 1 + the first GPU->CPU
+                               * ticket the parked pollers have not served (the keeper
+                               * ends its launch once d2h_tail reaches it) */
 } chi_dev_orch_state_t;
 
 /* Largest orchestrator block, in warps: the orchestrator kernels are
@@ -158,6 +161,8 @@ typedef struct chi_dev_orch_state {
 #define CHI_DIAG_START_AT 6u     /* ... and when it started */
 #define CHI_DIAG_END 7u          /* the last launch to end: index << 8 | why (CHI_DIAG_END_*) */
 #define CHI_DIAG_END_AT 8u
+#define CHI_DIAG_BELL 9u         /* keeper: the bell value it rang for (host_lease[2]) */
+#define CHI_DIAG_BELL_AT 10u     /* ... and when */
 #define CHI_DIAG_LEASE_PHASE 16u /* lease thread: CHI_DIAG_PHASE_* */
 #define CHI_DIAG_LEASE_AT 17u    /* ... since when (host) */
 #define CHI_DIAG_LEASE_N 18u     /* ... the launch it looks after */
@@ -166,6 +171,7 @@ typedef struct chi_dev_orch_state {
 #define CHI_DIAG_BRANCH_LATE 3u   /* neither */
 #define CHI_DIAG_END_STOP 1u      /* stop flag (pause, shutdown) */
 #define CHI_DIAG_END_LEASE 2u     /* lease over (the keeper's decision) */
+#define CHI_DIAG_END_BELL 3u      /* ended early to wake parked GPU->CPU pollers */
 #define CHI_DIAG_PHASE_IDLE 1u    /* waiting for the orchestrator to run */
 #define CHI_DIAG_PHASE_SLEEP 2u   /* until shortly before the lease ends */
 #define CHI_DIAG_PHASE_QUEUE 3u   /* queuing the successor (a CUDA launch) */

@@ -291,6 +291,11 @@ constexpr uint64_t kKeeperQuietNs = 20000;
 /* ... or this long with slots in use (futures held, never waited for, must
  * not keep it forever). */
 constexpr uint64_t kKeeperHoldNs = 20000000;
+/* The pollers' bell (docs/gpu.md, "Idle GPU->CPU pollers"): the keeper looks
+ * at it this often while it finds no task, and at least this often while it
+ * does (a look is one read of pinned host memory, ~1.3 us on PCIe). */
+constexpr uint64_t kBellIdleSampleNs = 2000;
+constexpr uint64_t kBellBusySampleNs = 20000;
 
 /* The keeper's view of the device routes (warp-collective): a signature that
  * changes with every submission (the tickets) and every slot taken or freed
@@ -388,7 +393,8 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
    * the next launch, or answer CHI_ERR_AGAIN), so no task is ever left in
    * the queue with no orchestrator to come: a kernel that waits for a
    * GPU->GPU task cannot hold a device-wide call forever.  The next launch
-   * opens the gate.  The keeper's decision reaches the other warps through
+   * opens the gate.  The keeper also ends a launch early, in the same way,
+   * when it hears the pollers' bell (kBellIdleSampleNs).  The keeper's decision reaches the other warps through
    * control[6..7], compared with the launch's epoch (= launch index, from
    * the arrival counter). */
   const uint64_t lease_ns = st->lease_ns;
@@ -399,7 +405,8 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
   uint64_t epoch = 0;
   const bool keeper = lease_ns != 0 && gw == st->nwarps - 1u;
   uint64_t keep_sig = 0, keep_since = t_start, keep_sampled = 0;
-  bool keep_in_use = false, step_aside = false;
+  bool keep_in_use = false, step_aside = false, rang = false;
+  uint64_t bell_sampled = 0;
   /* The last warp also frees released GPU->CPU slots (sweep_released). */
   const bool sweeper = gw == st->nwarps - 1u;
   uint64_t swept_at = 0;
@@ -427,10 +434,10 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
     /* The stop flag's load overlaps this round's polls; it is looked at after them. */
     const uint32_t stop = lane == 0 ? chi_port::ld_relaxed_dev(st->control) : 0u;
     const uint32_t released = sweeper && lane == 1 ? chi_port::ld_relaxed_dev(l->d2h_released) : 0u;
-    const uint64_t now0 = lane == 0 && lease_ns ? chi_port::timer_ns() : 0u;
-    uint32_t expired = 0u;
-    if (lease_ns && !keeper && lane == 0 && now0 >= lease_end)
-      expired = chi_port::ld_relaxed_dev(lease_over) > epoch ? 1u : 0u;
+    const uint64_t now0 = lane == 0 && keeper ? chi_port::timer_ns() : 0u;
+    /* The keeper's decision, read every round (the bell may end a launch
+     * before its lease); the load overlaps the polls. */
+    const uint64_t over = lease_ns && !keeper && lane == 0 ? chi_port::ld_relaxed_dev(lease_over) : 0u;
     uint32_t ran = 0;
     if (poller) {
       ran = poll_host<D>(st, &next, batch, lane, in, out);
@@ -451,9 +458,35 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
         sweep_released(l, lane);
       }
     }
+    uint32_t expired = over > epoch ? 1u : 0u;
     if (keeper) {
       const uint64_t now = chi_port::shfl(now0, 0);
-      if (now >= lease_end && now - keep_sampled >= kKeeperSampleNs) {
+      /* The bell: parked host pollers sleep until a launch ends, so once a
+       * GPU->CPU ticket at or past the one they armed is taken, this launch
+       * ends now (stepping aside unless its successor is queued); the lease
+       * thread relaunches at once. */
+      if (now - bell_sampled >= (ran ? kBellBusySampleNs : kBellIdleSampleNs) && l->diag) {
+        bell_sampled = now;
+        uint64_t armed = 0, tail = 0, queued = 0, trying = 0;
+        if (lane == 0) {
+          armed = chi_port::ll_load8(st->host_lease + 2);
+          tail = chi_port::ld_relaxed_dev(l->d2h_tail);
+          if (armed != 0u && tail >= armed) chi_port::ll_load16(st->host_lease, &queued, &trying);
+        }
+        const bool ring = chi_port::shfl(armed != 0u && tail >= armed ? 1u : 0u, 0) != 0u;
+        if (ring) {
+          queued = chi_port::shfl(queued, 0);
+          step_aside = queued < epoch + 2u;
+          rang = true;
+          if (lane == 0) {
+            chi_port::ll_store8(l->diag + CHI_DIAG_BELL_AT, now);
+            chi_port::ll_store8(l->diag + CHI_DIAG_BELL, armed);
+            chi_port::st_relaxed_dev(lease_over, epoch + 1u);
+          }
+          expired = 1u;
+        }
+      }
+      if (!expired && now >= lease_end && now - keep_sampled >= kKeeperSampleNs) {
         keep_sampled = now;
         uint64_t queued = 0, trying = 0;
         if (lane == 0) chi_port::ll_load16(st->host_lease, &queued, &trying);
@@ -493,7 +526,10 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
       if (step_aside && !stop) close_and_drain<D>(st, lane, &qhead);
       if (keeper && lane == 0 && l->diag) {
         chi_port::ll_store8(l->diag + CHI_DIAG_END_AT, chi_port::timer_ns());
-        chi_port::ll_store8(l->diag + CHI_DIAG_END, (epoch << 8) | (stop ? CHI_DIAG_END_STOP : CHI_DIAG_END_LEASE));
+        chi_port::ll_store8(l->diag + CHI_DIAG_END,
+                            (epoch << 8) | (stop   ? CHI_DIAG_END_STOP
+                                            : rang ? CHI_DIAG_END_BELL
+                                                   : CHI_DIAG_END_LEASE));
       }
       break;
     }

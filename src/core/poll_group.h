@@ -13,6 +13,14 @@
 // futex word of their own part.  When its own part gets busy the watcher
 // goes back to work and wakes the sleepers, one of which takes over.
 //
+// A group may have a bell (PollBell): something outside that can wake the
+// watcher when a ticket at or past a given one is taken, such as the GPU's
+// orchestrator ending its launch (docs/gpu.md, "Idle GPU->CPU pollers").
+// Once the watcher's naps reach watch_max_ns and every other poller sleeps,
+// it arms the bell with the first ticket nobody served, looks once more, and
+// sleeps until kick() (or bell_check_ns) instead of napping: an idle group
+// with a live bell costs no timed wake-ups.
+//
 // Used by the GPU->CPU pollers (gpu/cpu_poller.cpp); it knows nothing of
 // their ring, so tests drive it with any ticket source.
 #pragma once
@@ -27,6 +35,18 @@
 #include "core/idle_backoff.h"
 
 namespace chi {
+
+// Wakes a parked PollGroup without timed polls (see above).
+class PollBell {
+ public:
+  virtual ~PollBell() = default;
+  // True while a ticket taken at or past an armed one is sure to be
+  // followed by PollGroup::kick() (false: the watcher naps instead).
+  virtual bool live() const = 0;
+  // Arms the bell for tickets >= first; disarm() takes it back.
+  virtual void arm(uint64_t first) = 0;
+  virtual void disarm() = 0;
+};
 
 class PollGroup {
  public:
@@ -43,6 +63,20 @@ class PollGroup {
     for (uint32_t p = 0; p < n_; ++p) parts_[p].next = p;
   }
   uint32_t parts() const { return n_; }
+
+  // Before the pollers start: the bell, and how long the watcher sleeps on
+  // it at most (a safety net, and when on_watch runs while it sleeps).
+  void set_bell(PollBell *bell, int64_t check_ns) {
+    bell_ = bell;
+    bell_check_ns_ = check_ns > 0 ? check_ns : kSleeperCheckNs;
+  }
+  // The bell rang (or stopped being live): the watcher, if it sleeps on it, looks again.
+  void kick() {
+    kick_seq_.fetch_add(1, std::memory_order_seq_cst);
+    futex_wake(&kick_seq_);
+  }
+  // For tests and diagnostics: times the watcher armed the bell and slept.
+  uint64_t bell_sleeps() const { return bell_sleeps_.load(std::memory_order_relaxed); }
 
   // The owner takes its part back (waiting while the watcher serves it) and
   // gets the part's next ticket.
@@ -90,6 +124,7 @@ class PollGroup {
     stopping_.store(true, std::memory_order_seq_cst);
     stop_seq_.fetch_add(1, std::memory_order_seq_cst);
     futex_wake(&stop_seq_);
+    kick();
     for (uint32_t q = 0; q < n_; ++q) ring(parts_[q]);
   }
   bool stopping() const { return stopping_.load(std::memory_order_acquire); }
@@ -148,6 +183,7 @@ class PollGroup {
       }
       if (served) continue;
       int64_t ns = 0;
+      bool longest = false;  // the watcher's longest nap: the bell may replace it
       switch (b.idle(now_ns, &ns)) {
         case IdleBackoff::Step::kSpin:
           cpu_relax();
@@ -156,9 +192,15 @@ class PollGroup {
           break;
         case IdleBackoff::Step::kPark:
           ns = b.watch_nap();
+          longest = ns >= b.config().watch_max_ns;
           break;
       }
       for (uint32_t q = 0; q < n_; ++q) streak[q] = 0;
+      if (longest && bell_sleep(b, serve)) {
+        on_watch();
+        last_hook = now_ns();
+        continue;
+      }
       nap(ns);
     }
     // Leaving: a sleeper takes over (the first to see the vacancy).
@@ -167,12 +209,56 @@ class PollGroup {
       if (q != p) ring(parts_[q]);
   }
 
+  // The watcher p, idle for watch_max_ns with every other poller asleep:
+  // arms the bell with the first ticket not served, looks at every part once
+  // more (a task published before the bell was armed), then sleeps until
+  // kick() or bell_check_ns_.  False: no live bell, or a poller is awake.
+  template <class Serve>
+  bool bell_sleep(IdleBackoff &b, Serve &serve) {
+    // The kick count first: a kick after it (the bell no longer live, or
+    // rung) ends the sleep below.
+    const uint32_t seq = kick_seq_.load(std::memory_order_seq_cst);
+    if (!bell_ || !bell_->live() || sleeping_.load(std::memory_order_seq_cst) + 1 < n_) return false;
+    uint64_t first = ~uint64_t(0);
+    for (uint32_t q = 0; q < n_; ++q) {
+      if (parts_[q].held.exchange(1, std::memory_order_acquire) != 0) {
+        // Its owner is back: it polls, and the watcher naps as before.
+        for (uint32_t r = 0; r < q; ++r) release(parts_[r]);
+        return false;
+      }
+      if (parts_[q].next < first) first = parts_[q].next;
+    }
+    bell_->arm(first);  // seq_cst: before the looks below
+    bool served = false;
+    for (uint32_t q = 0; q < n_; ++q) {
+      Part &part = parts_[q];
+      while (serve(part.next)) {
+        part.next += n_;
+        served = true;
+      }
+      release(part);
+    }
+    if (!served && !stopping()) {
+      bell_sleeps_.fetch_add(1, std::memory_order_relaxed);
+      futex_wait(&kick_seq_, seq, bell_check_ns_);
+    }
+    bell_->disarm();
+    // Spin first: the bell rings when a ticket is taken, its task is
+    // published a little later, and an idle look would only arm it again.
+    b.reset();
+    return true;
+  }
+
   const uint32_t n_;
   std::unique_ptr<Part[]> parts_;
   alignas(64) std::atomic<int32_t> watcher_{-1};
   std::atomic<uint32_t> sleeping_{0};
   std::atomic<bool> stopping_{false};
   std::atomic<uint32_t> stop_seq_{0};
+  PollBell *bell_ = nullptr;
+  int64_t bell_check_ns_ = kSleeperCheckNs;
+  alignas(64) std::atomic<uint32_t> kick_seq_{0};
+  std::atomic<uint64_t> bell_sleeps_{0};
 };
 
 }  // namespace chi

@@ -512,6 +512,36 @@ static void test_d2h_source(void **state) {
   assert_int_equal(g_st[3], 4);
 }
 
+/* The pollers' bell (docs/gpu.md, "Idle GPU->CPU pollers"): after a quiet
+ * spell the parked watcher sleeps on it, and a lone GPU->CPU task makes the
+ * orchestrator's keeper ring it (end its launch) to wake the watcher.  main()
+ * sets gpu.poller_bell_check_us to 1 s, so without a rung bell these tasks
+ * would wait for a timeout; the keeper's diag word says it rang, each time
+ * with a new value (1 + the first ticket not yet served). */
+static void test_d2h_bell(void **state) {
+  (void)state;
+  const chi_dev_ctx_layout_t *l = reinterpret_cast<const chi_dev_ctx_layout_t *>(&g_ctx);
+  if (l->lease_us == 0) {
+    printf("# persistent orchestrator (gpu.lease_us 0): no bell\n");
+    return;
+  }
+  volatile uint64_t *diag = l->diag;
+  for (int round = 0; round < 5; ++round) {
+    sleep_ms(100); /* parked after 10 ms, then the watcher sleeps on the bell */
+    const uint64_t before = diag[CHI_DIAG_BELL];
+    k_source<<<1, 1, 0, g_stream>>>(g_ctx, g_source_method, g_st);
+    sync_stream();
+    assert_status(CHI_OK, g_st[0]);
+    assert_status(CHI_OK, g_st[1]);
+    assert_int_equal(g_st[3], 4);
+    const uint64_t rung = diag[CHI_DIAG_BELL];
+    if (rung == before)
+      fail_msg("round %d: the keeper did not ring the bell (diag %llu); the task was served by a timeout",
+               round, (unsigned long long)rung);
+    assert_true(rung > before);
+  }
+}
+
 static void test_d2h_many_warps(void **state) {
   (void)state;
   run_many(CHI_ROUTE_CPU);
@@ -679,6 +709,9 @@ int main(void) {
     printf("# no CUDA device\n");
     return 77;
   }
+  /* test_d2h_bell: a bell that does not ring shows as a missing diag word,
+   * not as a task served by the watcher's safety-net look. */
+  setenv("CHI_GPU_POLLER_BELL_CHECK_US", "1000000", 0);
   chi_config_t cfg;
   chi_config_init(&cfg);
   chi_status_t s = chi_init(&cfg, &g_rt);
@@ -717,6 +750,7 @@ int main(void) {
       cmocka_unit_test(test_d2d_payloads),   cmocka_unit_test(test_d2h_shapes),
       cmocka_unit_test(test_d2d_shapes),   cmocka_unit_test(test_d2h_errors),
       cmocka_unit_test(test_d2d_errors),     cmocka_unit_test(test_d2h_source),
+      cmocka_unit_test(test_d2h_bell),
       cmocka_unit_test(test_device_timeout), cmocka_unit_test(test_d2h_many_warps),
       cmocka_unit_test(test_d2d_many_warps), cmocka_unit_test(test_diverged_lanes),
       cmocka_unit_test(test_pause_resume),   cmocka_unit_test(test_regions),

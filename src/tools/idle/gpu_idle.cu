@@ -153,7 +153,7 @@ int main(int argc, char **argv) {
   chi_dev_context_t ctx;
   chi_gpu_context(rt, 0, &ctx);
   const char *knobs[] = {"CHI_GPU_POLLERS", "CHI_GPU_POLL_INTERVAL_US", "CHI_GPU_POLLER_SPIN_NS",
-                         "CHI_GPU_POLLER_PARK_AFTER_US", "CHI_GPU_POLLER_WATCH_INTERVAL_US",
+                         "CHI_GPU_POLLER_PARK_AFTER_US", "CHI_GPU_POLLER_WATCH_INTERVAL_US", "CHI_GPU_POLLER_BELL_CHECK_US",
                          "CHI_GPU_LEASE_US"};
   printf("chimaera-gpu-idle: %ld CPUs;", sysconf(_SC_NPROCESSORS_ONLN));
   for (const char *k : knobs)
