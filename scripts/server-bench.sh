@@ -8,7 +8,10 @@
 # REQ/REP and DEALER/ROUTER floors of the same transport; then the sweep
 # 1,8,64,256 (with idle server CPU, RSS and wake-up latency at 256 idle
 # clients) and fairness (1 flooding client, 63 light ones) over shm://, next
-# to the cross-process cache-line floor of the same run.  After a build:
+# to the cross-process cache-line floor of the same run; the sweep's raw shm
+# floors (the same counts over a bare shared-memory ping-pong, chimaera's
+# waiting policy and pure spinning) and the raw futex wake-up floor come
+# with --clients.  After a build:
 #
 #   device: run(command="GPU_RUN_STEPS=build bash scripts/gpu-run.sh &&
 #                        bash scripts/server-bench.sh build-gpu", carry=[".devdeps"])
@@ -135,6 +138,10 @@ if sweep:
     print()
     print("| client processes | tasks/s | p50 us | p99 us | p50 vs floor |")
     print("|---:|---:|---:|---:|---:|")
+    raw = srv.get("raw_shm", {})
+    def by_procs(key):
+        return {r["processes"]: r for r in raw.get(key, []) if r["status"] == 0}
+    raw_sweep, raw_spin = by_procs("sweep"), by_procs("spin_sweep")
     with open(sys.argv[2], "w") as dat:
         for r in sweep:
             if r["status"] != 0:
@@ -142,14 +149,40 @@ if sweep:
                 continue
             print("| %d | %.0f | %s | %s | %s |" % (r["processes"], r["throughput_per_s"],
                   us(r["p50_ns"]), us(r["p99_ns"]), x(r["ratio"])))
-            dat.write("%d %.0f %.3f %.3f\n" % (r["processes"], r["throughput_per_s"],
-                      r["p50_ns"] / 1000.0, r["p99_ns"] / 1000.0))
+            rr = raw_sweep.get(r["processes"])
+            dat.write("%d %.0f %.3f %.3f %s\n" % (r["processes"], r["throughput_per_s"],
+                      r["p50_ns"] / 1000.0, r["p99_ns"] / 1000.0,
+                      "%.0f" % rr["throughput_per_s"] if rr else "NaN"))
     best = max([r["throughput_per_s"] for r in sweep if r["status"] == 0] or [0])
     top = sweep[-1]
     if best and top["status"] == 0:
         print()
         print("%d clients: %.0f%% of the best aggregate (%.0f tasks/s)." % (
             top["processes"], 100.0 * top["throughput_per_s"] / best, best))
+    if raw.get("measured"):
+        print()
+        print("Its raw shm floor, same counts and length: 64 B echo through a pair of slots per "
+              "client, 1 server process with %d thread(s) (%s), clients spinning %.0f us and server "
+              "threads %.0f us before a futex sleep (chimaera's policy); \"spin\": nobody sleeps:"
+              % (raw["threads"], "as many as the server's shm pollers"
+                 if raw["threads_from"] == "server pollers" else "the server's default poller count",
+                 raw["client_spin_ns"] / 1000.0, raw["server_spin_ns"] / 1000.0))
+        print()
+        print("| client processes | raw tasks/s | p50 us | p99 us | chimaera / raw | "
+              "spin tasks/s | p50 us | p99 us |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        chi = {r["processes"]: r for r in sweep if r["status"] == 0}
+        for key in raw["sweep"]:
+            n = key["processes"]
+            a, b, c = raw_sweep.get(n), raw_spin.get(n), chi.get(n)
+            def cells(r):
+                return ("FAILED", "-", "-") if not r else \
+                    ("%.0f" % r["throughput_per_s"], us(r["p50_ns"]), us(r["p99_ns"]))
+            ratio = "-" if not a or not c else "%.2fx" % (c["throughput_per_s"] / a["throughput_per_s"])
+            print("| %d | %s | %s | %s | %s | %s | %s | %s |" % ((n,) + cells(a) + (ratio,) + cells(b)))
+        for r in raw.get("sweep", []) + raw.get("spin_sweep", []):
+            if r["status"] != 0:
+                print("%s: FAILED: %s" % (r["name"], r["error"]))
 idle = srv.get("idle", {})
 if idle.get("measured"):
     def num(v, f):
@@ -165,6 +198,15 @@ if idle.get("measured"):
               idle["wake_count"], idle["target_wake_p50_ns"] / 1000.0))
     if idle.get("note"):
         print("Note: " + idle["note"])
+rw = srv.get("raw_shm", {}).get("wake", {})
+if rw.get("measured"):
+    print("Raw floor after %s ms idle, both sides asleep on a futex: round trip p50 %s us, max %s us "
+          "(%d samples); one futex wake of the sleeping server thread: p50 %s us, max %s us (%d)." % (
+              "-" if rw["idle_ms"] is None else "%.0f" % rw["idle_ms"], us(rw["round_trip_p50_ns"]),
+              us(rw["round_trip_max_ns"]), rw["count"], us(rw["oneway_p50_ns"]),
+              us(rw["oneway_max_ns"]), rw["oneway_count"]))
+    if rw.get("note"):
+        print("Note: " + rw["note"])
 fair = srv.get("fairness", {})
 if fair.get("measured"):
     print()
@@ -209,6 +251,7 @@ set yrange [0:*]
 set grid
 set key top left
 plot "$OUT/sweep.dat" using 1:2 with linespoints lw 2 pt 7 title "tasks/s", \
+     "" using 1:5 with linespoints lw 1 dt 4 pt 6 title "raw shm tasks/s (floor)", \
      "" using 1:3 axes x1y2 with linespoints dt 2 pt 5 title "p50 us", \
      "" using 1:4 axes x1y2 with linespoints dt 3 pt 9 title "p99 us"
 GP

@@ -65,7 +65,14 @@ void usage(std::FILE *out) {
       "  --procs N       client processes of the multi-process pipelined row (default 8)\n"
       "  --clients LIST  sweep, e.g. 1,8,64,256: that many client processes at once, each\n"
       "                  doing chi.add round trips one at a time; with the largest count\n"
-      "                  connected and idle: server CPU, RSS and wake-up latency\n"
+      "                  connected and idle: server CPU, RSS and wake-up latency.  Then\n"
+      "                  its floors, the same counts and length: \"raw shm sweep Np\", N\n"
+      "                  processes doing 64 B round trips through a pair of shared-memory\n"
+      "                  slots each with a raw server process (as many threads as the\n"
+      "                  server's shm pollers) and chimaera's waiting policy (spin, then\n"
+      "                  futex); \"raw shm spin Np\", nobody sleeping; and beside the\n"
+      "                  wake-up figure, the raw round trip after the same idle with both\n"
+      "                  sides asleep on a futex, and one futex wake of a sleeper alone\n"
       "  --fairness [N]  N clients (default 64): one floods, N-1 do round trips; their p99\n"
       "                  with and without the flooder\n"
       "  --flood-window N  the flooding client's tasks in flight (default 512; keep it\n"
@@ -203,6 +210,8 @@ int server_main(const chi_bench_options &opt, chi_bench::ServerOptions so,
   check(rows);
   check(rep.sweep);
   check(rep.fair);
+  check(rep.raw_sweep);
+  check(rep.raw_spin);
   for (const chi_bench::ServerProc *p : {&rep.server, &rep.curve_server}) {
     if (p->exit_status <= 0) continue;
     ok = false;

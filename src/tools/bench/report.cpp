@@ -151,6 +151,51 @@ void cell_or_dash(std::FILE *out, const char *fmt, double v, double scale) {
     std::fprintf(out, fmt, v / scale);
 }
 
+// Sweep rows, one line per client count; the fifth column is the row's
+// ratio to its floor, or with `chi` chimaera's tasks/s at the same count
+// over the row's.
+void print_sweep(std::FILE *out, const std::vector<chi_bench_row> &rows, const char *vs,
+                 const std::vector<chi_bench_row> *chi) {
+  std::fprintf(out, "%8s %12s %10s %10s %9s  %s\n", "clients", "tasks/s", "p50 us", "p99 us", vs,
+               "tasks");
+  for (const auto &r : rows) {
+    if (r.status != CHI_OK) {
+      std::fprintf(out, "%8u FAILED: %s (%s)\n", r.processes, chi_status_string(r.status), r.error);
+      continue;
+    }
+    std::fprintf(out, "%8u %12.0f %10.3f %10.3f", r.processes, r.throughput, r.p50_ns / 1000.0,
+                 r.p99_ns / 1000.0);
+    double ratio = chi ? NAN : r.ratio;
+    if (chi)
+      for (const auto &c : *chi)
+        if (c.processes == r.processes && c.status == CHI_OK && r.throughput > 0)
+          ratio = c.throughput / r.throughput;
+    if (std::isnan(ratio))
+      std::fprintf(out, " %9s", "-");
+    else if (chi)
+      std::fprintf(out, " %8.2fx", ratio);
+    else
+      std::fprintf(out, " %8.1fx", ratio);
+    std::fprintf(out, "  %llu\n", static_cast<unsigned long long>(r.count));
+  }
+}
+
+void print_raw_wake(std::FILE *out, const RawWakeFigures &w) {
+  std::fprintf(out,
+               "raw shm floor after %.0f ms idle, both sides asleep on a futex: round trip p50 ",
+               w.idle_ms);
+  cell_or_dash(out, "%.1f us", w.rt_p50_ns, 1000.0);
+  std::fputs(", max ", out);
+  cell_or_dash(out, "%.1f us", w.rt_max_ns, 1000.0);
+  std::fprintf(out, " (%llu samples); one futex wake of the sleeping server thread: p50 ",
+               static_cast<unsigned long long>(w.count));
+  cell_or_dash(out, "%.1f us", w.oneway_p50_ns, 1000.0);
+  std::fputs(", max ", out);
+  cell_or_dash(out, "%.1f us", w.oneway_max_ns, 1000.0);
+  std::fprintf(out, " (%llu samples)\n", static_cast<unsigned long long>(w.oneway_count));
+  if (!w.note.empty()) std::fprintf(out, "note: %s\n", w.note.c_str());
+}
+
 void print_server_table(std::FILE *out, const ServerReport &s) {
   const ServerProc &p = s.server;
   std::fprintf(out, "\nclient->server: %s, %s", p.address.c_str(),
@@ -174,22 +219,21 @@ void print_server_table(std::FILE *out, const ServerReport &s) {
                  "\nclient sweep: chi.add, each client process one round trip at a time for "
                  "%llu ms\n",
                  static_cast<unsigned long long>(s.client_ms));
-    std::fprintf(out, "%8s %12s %10s %10s %9s  %s\n", "clients", "tasks/s", "p50 us", "p99 us",
-                 "vs floor", "tasks");
-    for (const auto &r : s.sweep) {
-      if (r.status != CHI_OK) {
-        std::fprintf(out, "%8u FAILED: %s (%s)\n", r.processes, chi_status_string(r.status),
-                     r.error);
-        continue;
-      }
-      std::fprintf(out, "%8u %12.0f %10.3f %10.3f", r.processes, r.throughput, r.p50_ns / 1000.0,
-                   r.p99_ns / 1000.0);
-      if (std::isnan(r.ratio))
-        std::fprintf(out, " %9s", "-");
-      else
-        std::fprintf(out, " %8.1fx", r.ratio);
-      std::fprintf(out, "  %llu\n", static_cast<unsigned long long>(r.count));
-    }
+    print_sweep(out, s.sweep, "vs floor", nullptr);
+  }
+  if (!s.raw_sweep.empty()) {
+    std::fprintf(out,
+                 "\nraw shm sweep, the sweep's floor: the same counts and length, %u B echo "
+                 "through a pair of slots per client;\n1 server process with %u serving thread(s) "
+                 "(%s); clients spin %.0f us, serving threads %.0f us, then sleep on a futex\n",
+                 kRawPayloadBytes, s.raw_threads,
+                 s.raw_threads_default ? "pollers unknown: the server's default count"
+                                       : "as many as the server's shm pollers",
+                 double(s.raw_client_spin_ns) / 1000.0, double(s.raw_server_spin_ns) / 1000.0);
+    print_sweep(out, s.raw_sweep, "chi/raw", &s.sweep);
+    std::fputs("raw shm spin: the same, nobody sleeps (spin, sched_yield after 20 us)\n", out);
+    print_sweep(out, s.raw_spin, "chi/raw", &s.sweep);
+    std::fputs("chi/raw: chimaera's tasks/s / the raw tasks/s at that count\n", out);
   }
   const IdleFigures &i = s.idle;
   if (i.measured) {
@@ -209,6 +253,7 @@ void print_server_table(std::FILE *out, const ServerReport &s) {
                  static_cast<unsigned long long>(i.wake_count), kServerTargetWakeP50Ns / 1000.0);
     if (!i.note.empty()) std::fprintf(out, "note: %s\n", i.note.c_str());
   }
+  if (s.raw_wake.measured) print_raw_wake(out, s.raw_wake);
   const FairnessFigures &f = s.fairness;
   if (f.measured) {
     std::fprintf(out,
@@ -223,14 +268,48 @@ void print_server_table(std::FILE *out, const ServerReport &s) {
   }
 }
 
+// The raw shm floors of the sweep and of the wake-up figure (raw_shm.h).
+void print_raw_json(std::FILE *out, const ServerReport &s) {
+  const RawWakeFigures &w = s.raw_wake;
+  std::fprintf(out,
+               ",\n    \"raw_shm\": {\"measured\": %s, \"threads\": %u, \"threads_from\": \"%s\", "
+               "\"client_spin_ns\": %lld, \"server_spin_ns\": %lld, \"payload_bytes\": %u,\n"
+               "      \"sweep\": [\n",
+               s.raw_sweep.empty() ? "false" : "true", s.raw_threads,
+               s.raw_threads_default ? "default" : "server pollers",
+               static_cast<long long>(s.raw_client_spin_ns),
+               static_cast<long long>(s.raw_server_spin_ns), kRawPayloadBytes);
+  json_rows(out, "        ", s.raw_sweep);
+  std::fputs("      ],\n      \"spin_sweep\": [\n", out);
+  json_rows(out, "        ", s.raw_spin);
+  std::fprintf(out, "      ],\n      \"wake\": {\"measured\": %s, \"idle_ms\": ",
+               w.measured ? "true" : "false");
+  json_number(out, w.idle_ms, "%.0f");
+  std::fprintf(
+      out, ", \"count\": %llu, \"round_trip_p50_ns\": ", static_cast<unsigned long long>(w.count));
+  json_number(out, w.rt_p50_ns);
+  std::fputs(", \"round_trip_max_ns\": ", out);
+  json_number(out, w.rt_max_ns);
+  std::fprintf(out, ", \"oneway_count\": %llu, \"oneway_p50_ns\": ",
+               static_cast<unsigned long long>(w.oneway_count));
+  json_number(out, w.oneway_p50_ns);
+  std::fputs(", \"oneway_max_ns\": ", out);
+  json_number(out, w.oneway_max_ns);
+  std::fputs(", \"note\": ", out);
+  json_string(out, w.note.c_str());
+  std::fputs("}}", out);
+}
+
 void print_server_json(std::FILE *out, const ServerReport &s) {
   const ServerProc &p = s.server;
   std::fputs(",\n  \"server\": {\"address\": ", out);
   json_string(out, p.address.c_str());
   std::fprintf(out, ", \"started\": %s, \"bin\": ", p.bin.empty() ? "false" : "true");
   json_string(out, p.bin.c_str());
-  std::fprintf(out, ", \"pid\": %d, \"workers\": %u, \"exit_status\": %d, \"client_ms\": %llu",
-               int(p.pid), s.server_workers, p.exit_status,
+  std::fprintf(out,
+               ", \"pid\": %d, \"workers\": %u, \"pollers\": %u, \"exit_status\": %d, "
+               "\"client_ms\": %llu",
+               int(p.pid), s.server_workers, s.server_pollers, p.exit_status,
                static_cast<unsigned long long>(s.client_ms));
   std::fputs(",\n    \"transports\": [\n", out);
   for (size_t k = 0; k < s.transports.size(); k++) {
@@ -252,6 +331,7 @@ void print_server_json(std::FILE *out, const ServerReport &s) {
   std::fputs(",\n    \"sweep\": [\n", out);
   json_rows(out, "      ", s.sweep);
   std::fputs("    ]", out);
+  print_raw_json(out, s);
   const IdleFigures &i = s.idle;
   std::fprintf(out, ",\n    \"idle\": {\"measured\": %s, \"clients\": %u, \"seconds\": ",
                i.measured ? "true" : "false", i.clients);
@@ -285,6 +365,8 @@ bool server_ok(const ServerReport *s) {
   bool ok = s->server.exit_status <= 0 && s->curve_server.exit_status <= 0;
   for (const auto &r : s->sweep) ok = ok && r.status == CHI_OK;
   for (const auto &r : s->fair) ok = ok && r.status == CHI_OK;
+  for (const auto &r : s->raw_sweep) ok = ok && r.status == CHI_OK;
+  for (const auto &r : s->raw_spin) ok = ok && r.status == CHI_OK;
   return ok;
 }
 

@@ -27,6 +27,7 @@
 #include <new>
 #include <sstream>
 
+#include "sampler.h"
 #include "tool_util.h"
 
 namespace chi_bench {
@@ -127,23 +128,6 @@ void make_add(uint8_t *p, uint64_t who, uint64_t seq, uint64_t *sum) {
   }
   *sum = a + b;
 }
-
-struct Sampler {
-  uint64_t *buf;
-  uint64_t cap, n = 0, stride = 1, k = 0;
-  // Keeps a uniform subset: when full, every other sample goes and the
-  // stride doubles.
-  void add(uint64_t v) {
-    if (k++ % stride != 0) return;
-    if (n == cap) {
-      for (uint64_t j = 0; j < cap / 2; j++) buf[j] = buf[2 * j];
-      n = cap / 2;
-      stride *= 2;
-      if ((k - 1) % stride != 0) return;
-    }
-    buf[n++] = v;
-  }
-};
 
 struct Runner {
   chi_runtime_t *rt;
@@ -800,6 +784,12 @@ double proc_rss_kib(pid_t pid) {
   while (std::getline(in, line))
     if (line.rfind("VmRSS:", 0) == 0) return std::atof(line.c_str() + 6);
   return NAN;
+}
+
+int server_poller_count(const std::string &address) {
+  std::string js = status_json(address);
+  size_t at = js.find("\"pollers\":");
+  return at == std::string::npos ? -1 : std::atoi(js.c_str() + at + 10);
 }
 
 int server_client_count(const std::string &address) {

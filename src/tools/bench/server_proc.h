@@ -66,6 +66,8 @@ void stop_server(ServerProc *s);
 double proc_cpu_seconds(pid_t pid);
 // VmRSS of pid in KiB (/proc/PID/status); NaN: unreadable.
 double proc_rss_kib(pid_t pid);
+// The server's shm:// poller threads (status-json); -1: unknown.
+int server_poller_count(const std::string &address);
 // Client sessions the server lists (status-json); -1: unknown.
 int server_client_count(const std::string &address);
 

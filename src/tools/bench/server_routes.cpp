@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "bench_gpu.h"
 #include "cpu_floors.h"
@@ -240,6 +241,33 @@ void fairness(const chi_bench_options &opt, const ServerOptions &so, const Serve
     f.ratio = rep->fair[1].p99_ns / rep->fair[0].p99_ns;
 }
 
+// The raw shm floors of the sweep, after it: the same client counts and
+// length, the server's poller count as serving threads, then the wake-up
+// floor after the same idle as the wake-up figure.
+void raw_floors(const chi_bench_options &opt, const ServerOptions &so, ServerReport *rep) {
+  RawShmOptions o;
+  rep->raw_threads_default = rep->server_pollers == 0;
+  // shm_pollers.cpp's default when the server does not say.
+  rep->raw_threads = rep->server_pollers
+                         ? rep->server_pollers
+                         : std::clamp(std::thread::hardware_concurrency() / 4, 1u, 8u);
+  raw_default_spins(&rep->raw_client_spin_ns, &rep->raw_server_spin_ns);
+  o.threads = rep->raw_threads;
+  o.client_spin_ns = rep->raw_client_spin_ns;
+  o.server_spin_ns = rep->raw_server_spin_ns;
+  o.duration_ms = so.client_ms;
+  o.warmup = opt.warmup;
+  o.sample_budget = so.sample_budget;
+  for (int wait : {kRawPolicy, kRawSpin}) {
+    std::vector<chi_bench_row> &rows = wait == kRawPolicy ? rep->raw_sweep : rep->raw_spin;
+    for (uint32_t n : so.clients) {
+      rows.emplace_back();
+      raw_shm_sweep_point(o, wait, n, &rows.back());
+    }
+  }
+  if (so.wake_samples) raw_shm_wake(so.idle_ms / 2, so.wake_samples, &rep->raw_wake);
+}
+
 }  // namespace
 
 namespace {
@@ -413,6 +441,8 @@ bool run_server_rows(const chi_bench_options &opt, const ServerOptions &so, int3
     return false;
   }
   rep->idle.rss_base_kib = proc_rss_kib(srv.pid);
+  const int pollers = server_poller_count(srv.address);
+  rep->server_pollers = pollers > 0 ? uint32_t(pollers) : 0;
 
   for (int t : ts) {
     if (start && t == kTcpCurve) continue;  // the second server's
@@ -433,6 +463,8 @@ bool run_server_rows(const chi_bench_options &opt, const ServerOptions &so, int3
   }
   if (so.fairness >= 2) fairness(opt, so, srv, rep);
   stop_server(&srv);
+  // A started server is gone by now: the raw processes run alone.
+  if (!so.clients.empty()) raw_floors(opt, so, rep);
 
   if (start && has(ts, kTcpCurve)) {
     ServerProc &cs = rep->curve_server;

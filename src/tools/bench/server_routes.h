@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bench_row.h"
+#include "raw_shm.h"
 #include "server_proc.h"
 #include "zmq_floors.h"
 
@@ -81,10 +82,18 @@ struct ServerReport {
   ServerProc curve_server;              // --server start with tcp-curve: the second server
   std::vector<TransportRun> transports;
   uint32_t server_workers = 0;          // from chi_stats
+  uint32_t server_pollers = 0;          // shm pollers, from status-json; 0: unknown
   std::vector<chi_bench_row> sweep;     // one row per client count
   IdleFigures idle;
   FairnessFigures fairness;             // rows "fair.*" are in `fair`
   std::vector<chi_bench_row> fair;
+  // With the sweep: its raw shm floors, same counts and length (raw_shm.h).
+  uint32_t raw_threads = 0;          // the raw server's serving threads
+  bool raw_threads_default = false;  // pollers unknown: the server's default count
+  int64_t raw_client_spin_ns = 0, raw_server_spin_ns = 0;
+  std::vector<chi_bench_row> raw_sweep;  // "raw shm sweep Np": chimaera's waiting policy
+  std::vector<chi_bench_row> raw_spin;   // "raw shm spin Np": nobody sleeps
+  RawWakeFigures raw_wake;               // the floor of the first task after idle
   uint64_t client_ms = 0;
   uint32_t flood_window = 0;
 };
@@ -97,8 +106,9 @@ std::vector<int> server_transports(const ServerOptions &so);
 // Starts or attaches the server, adds the client->server latency and
 // pipelined rows to `rows` (with so.client_gpu also "client gpu0->cpu" and
 // "client gpu0->local", each after the embedded row of its route), runs the
-// sweep, idle and fairness parts into *rep, stops a started server.  Returns false (err set) when no server could
-// be started or reached; failures of single rows are in those rows.
+// sweep, idle and fairness parts into *rep, stops a started server; with a
+// sweep, then its raw shm floors (raw_shm.h) into *rep.  Returns false (err set) when no server
+// could be started or reached; failures of single rows are in those rows.
 bool run_server_rows(const chi_bench_options &opt, const ServerOptions &so, int32_t workers,
                      const char *config, std::vector<chi_bench_row> &rows, ServerReport *rep,
                      std::string *err);

@@ -2,7 +2,8 @@
 # bench_smoke: a tiny chimaera-bench --json run must exit 0 and print JSON that
 # parses and holds the floor and the CPU routes with numbers, ratios included;
 # then a tiny --server start run (client processes over shm, ipc, tcp and tcp
-# with CURVE next to the raw libzmq floors, sweep 1,2, idle figures, fairness;
+# with CURVE next to the raw libzmq floors, sweep 1,2 and its raw shm floors,
+# idle figures with the raw wake-up floor, fairness;
 # with a GPU, a client kernel's round trips beside embedded ones)
 # must do the same and leave no process or file behind.  Checks shapes only,
 # never times.  Exits 77 (skipped) without python3.
@@ -114,6 +115,21 @@ for r in srv["sweep"]:
     assert r["status"] == 0, r["name"] + ": " + r["error"]
     assert r["count"] > 0 and r["throughput_per_s"] > 0 and r["p99_ns"] >= r["p50_ns"] > 0, r["name"]
     assert r["floor"] == "floor.xproc_pingpong" and r["ratio"] > 0, r["name"]
+# The sweep's raw shm floors: the same counts, both waiting policies, and
+# the raw wake-up beside the idle figures.
+raw = srv["raw_shm"]
+assert raw["measured"] is True and raw["threads"] >= 1 and raw["payload_bytes"] == 64, "raw_shm"
+assert raw["threads_from"] in ("server pollers", "default"), "raw_shm threads_from"
+for key, label in (("sweep", "sweep"), ("spin_sweep", "spin")):
+    assert [r["name"] for r in raw[key]] == ["raw shm %s %dp" % (label, p) for p in (1, 2)], key
+    for r in raw[key]:
+        assert r["status"] == 0, r["name"] + ": " + r["error"]
+        assert r["processes"] == int(r["name"].split()[-1][:-1]), r["name"] + ": processes"
+        assert r["count"] > 0 and r["throughput_per_s"] > 0 and r["p99_ns"] >= r["p50_ns"] > 0, r["name"]
+w = raw["wake"]
+assert w["measured"] is True and w["idle_ms"] == 100 and w["count"] == 2, "raw wake: " + w["note"]
+assert w["round_trip_max_ns"] >= w["round_trip_p50_ns"] > 0, "raw wake round trip"
+assert w["oneway_count"] <= 2 and (w["oneway_count"] == 0 or w["oneway_max_ns"] >= w["oneway_p50_ns"] > 0), "raw wake one-way"
 idle = srv["idle"]
 assert idle["measured"] is True and idle["clients"] == 2, "idle"
 assert idle["server_cpu_pct"] is not None and idle["server_cpu_pct"] >= 0, "idle cpu"
@@ -122,7 +138,8 @@ assert idle["wake_count"] == 2 and idle["wake_p50_ns"] > 0, "wake-ups"
 fair = srv["fairness"]
 assert fair["measured"] is True and fair["clients"] == 3 and fair["ratio"] > 0, "fairness"
 assert len(fair["rows"]) == 3 and all(r["status"] == 0 and r["count"] > 0 for r in fair["rows"])
-print("server bench JSON ok:", len(rows), "rows,", len(srv["sweep"]), "sweep points")
+print("server bench JSON ok:", len(rows), "rows,", len(srv["sweep"]), "sweep points,",
+      len(raw["sweep"]) + len(raw["spin_sweep"]), "raw shm points")
 PY
 # The server's runtime directory is gone, and so are its processes.
 left=$(ls -A "$work/tmp")
