@@ -62,6 +62,7 @@ class CpuPoller {
   void bell_rang(uint64_t rung);
   // For diagnostics and tests: times the watcher slept on the bell.
   uint64_t bell_sleeps() const { return group_ ? group_->bell_sleeps() : 0; }
+  uint64_t bell_kicks() const { return group_ ? group_->kicks() : 0; }
 
  private:
   class Bell : public PollBell {

@@ -325,6 +325,7 @@ void GpuDevice::bell_loop(std::shared_ptr<BellLife> life) {
     const uint64_t rung = __atomic_load_n(&diag_[CHI_DIAG_BELL], __ATOMIC_ACQUIRE);
     if (rung != 0 && rung != last_rung) {
       last_rung = rung;
+      bell_rings_.fetch_add(1, std::memory_order_relaxed);
       poller_->bell_rang(rung);
     }
   }
@@ -714,8 +715,9 @@ chi_status_t GpuDevice::shutdown() {
   // finished results) have stopped.
   if (exec_) exec_->mark_stopped();
   if (!kernel_gone_) log(LogLevel::kError, "GPU %d: orchestrator still running; its memory is leaked", id_);
-  log(LogLevel::kDebug, "GPU %d: orchestrator launched %llu times", id_,
-      (unsigned long long)launches_.load());
+  log(LogLevel::kDebug, "GPU %d: orchestrator launched %llu times; pollers' bell: %llu sleeps, %llu rings, %llu kicks",
+      id_, (unsigned long long)launches_.load(), (unsigned long long)(poller_ ? poller_->bell_sleeps() : 0),
+      (unsigned long long)bell_rings_.load(), (unsigned long long)(poller_ ? poller_->bell_kicks() : 0));
   lease_quit_.store(true);
   lease_cv_.notify_all();
   launch_seq_.fetch_add(1, std::memory_order_seq_cst);

@@ -131,6 +131,7 @@ class GpuDevice {
   std::shared_ptr<struct BellLife> bell_life_;
   std::atomic<uint32_t> launch_seq_{0};  // futex: bumped by every launch, and at shutdown
   std::atomic<uint32_t> end_seq_{0};     // futex: bumped by the bell thread when a launch ended
+  std::atomic<uint64_t> bell_rings_{0};  // rings the bell thread passed on (diagnostics)
   std::atomic<bool> lease_quit_{false};
   std::atomic<uint64_t> launches_{0};  // kernel launches so far
   int64_t launched_at_ = 0;            // now_ns() when the newest launch started, about

@@ -14,7 +14,9 @@
 #
 # Environment: AB_REFS (for prepare: the commits, default "2c12edf 1c107ac
 # HEAD"), AB_ROUNDS (default 5), GPU_IDLE_SETTINGS (the poller settings,
-# ';'-separated, each a list of VAR=VALUE or "default"), JOBS (default 16).
+# ';'-separated, each a list of VAR=VALUE or "default"), GPU_IDLE_PARTS
+# (default "probe idle ab server": the wake-up probe, the idle sweep, the
+# A/B, the idle server), JOBS (default 16).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 trees=build-abtrees
@@ -50,12 +52,24 @@ export PKG_CONFIG_SYSROOT_DIR=/opt/deps
 if ! { cmake -S . -B build-gpu -G Ninja -DCHI_ENABLE_CUDA=ON -DCHI_CUDA_ARCHITECTURES=90 \
          -DCMAKE_CUDA_STANDARD=17 -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$OUT/build.log" 2>&1 &&
        timeout 200 cmake --build build-gpu -j "$JOBS" --target chimaera-gpu-idle chimaera-bench \
-         chimaera-server >>"$OUT/build.log" 2>&1; }; then
+         chimaera-server chimaera-wake-probe >>"$OUT/build.log" 2>&1; }; then
   note "build: FAILED; tail of build.log:"
   tail -30 "$OUT/build.log" | tee -a "$SUMMARY"
   exit 1
 fi
 note "build: ok ($(elapsed) s)"
+PARTS=${GPU_IDLE_PARTS:-probe idle ab server}
+part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
+
+# 1b. What one wake-up costs here (no chimaera code): the floors under the
+# idle CPU and the first task's wait.
+if part probe; then
+  note ""
+  note "== wake-up probe (chimaera-wake-probe: timed sleep, futex, GPU interrupt via a blocking-sync event)"
+  for p in 1000 100; do
+    timeout 60 build-gpu/src/tools/chimaera-wake-probe --seconds 2 --period-us $p 2>&1 | tee -a "$SUMMARY"
+  done
+fi
 
 # 2. Idle embedded runtime with a GPU, per poller setting.  "default" is the
 # shipped configuration (the parked watcher sleeps on the GPU's bell);
@@ -66,22 +80,25 @@ SETTINGS=${GPU_IDLE_SETTINGS:-"default;CHI_GPU_POLLER_BELL_CHECK_US=0;CHI_GPU_PO
 note ""
 note "== idle embedded runtime, GPU 0 (chimaera-gpu-idle --idle-s 5 --samples 20 --gap-ms 1000)"
 IFS=';' read -r -a sets <<<"$SETTINGS"
+part idle || sets=()
 for s in "${sets[@]}"; do
   name=$(echo "$s" | tr ' =' '_-')
   envs=()
   [ "$s" = default ] || read -r -a envs <<<"$s"
-  env "${envs[@]}" timeout 90 build-gpu/src/tools/chimaera-gpu-idle --idle-s 5 --samples 20 --gap-ms 1000 \
+  env CHI_LOG_LEVEL=${CHI_LOG_LEVEL:-debug} "${envs[@]}" timeout 90 build-gpu/src/tools/chimaera-gpu-idle --idle-s 5 --samples 20 --gap-ms 1000 \
     >"$OUT/idle-$name.txt" 2>&1
   rc=$?
   note "$s (rc=$rc): $(grep -h '^RESULT' "$OUT/idle-$name.txt" || tail -1 "$OUT/idle-$name.txt")"
-  grep -h "first task\|back to back\|idle CPU\|thread " "$OUT/idle-$name.txt" | sed 's/^/    /' | tee -a "$SUMMARY"
+  grep -h "first task\|back to back\|idle CPU\|thread \|pollers. bell" "$OUT/idle-$name.txt" | sed 's/^/    /' | tee -a "$SUMMARY"
 done
 note "idle sweep done ($(elapsed) s)"
 
 # 3. CPU->CPU A/B of the prepared trees.
 note ""
 note "== CPU->CPU A/B (scripts/ab-bench.sh, --iters 50000, GPUs hidden)"
-if ls "$trees"/*.tar.gz >/dev/null 2>&1; then
+if ! part ab; then
+  note "skipped (GPU_IDLE_PARTS)"
+elif ls "$trees"/*.tar.gz >/dev/null 2>&1; then
   AB_ROUNDS=${AB_ROUNDS:-5} AB_JOBS=$JOBS AB_DIR=/tmp/chi-ab AB_OUT="$OUT/ab" \
     timeout 240 scripts/ab-bench.sh $(ls "$trees"/*.tar.gz | sort -V) >"$OUT/ab.log" 2>&1
   note "ab-bench rc=$? ($(elapsed) s):"
@@ -93,8 +110,12 @@ fi
 # 4. Idle server with a GPU and 64 connected clients (idle CPU, wake-up).
 note ""
 note "== idle chimaera-server with 64 shm clients (chimaera-bench --server start)"
-timeout 120 build-gpu/src/tools/chimaera-bench --server start --transports shm --clients 64 \
-  --client-ms 300 --idle-ms 4000 --wake-samples 5 --iters 5000 >"$OUT/server-idle.txt" 2>&1
-note "rc=$? ($(elapsed) s):"
-grep -h "^idle\|^wake-up" "$OUT/server-idle.txt" | tee -a "$SUMMARY"
+if part server; then
+  timeout 120 build-gpu/src/tools/chimaera-bench --server start --transports shm --clients 64 \
+    --client-ms 300 --idle-ms 4000 --wake-samples 5 --iters 5000 >"$OUT/server-idle.txt" 2>&1
+  note "rc=$? ($(elapsed) s):"
+  grep -h "^idle\|^wake-up\|^raw shm floor" "$OUT/server-idle.txt" | tee -a "$SUMMARY"
+else
+  note "skipped (GPU_IDLE_PARTS)"
+fi
 note "total $(elapsed) s"

@@ -72,11 +72,14 @@ class PollGroup {
   }
   // The bell rang (or stopped being live): the watcher, if it sleeps on it, looks again.
   void kick() {
+    kicks_.fetch_add(1, std::memory_order_relaxed);
     kick_seq_.fetch_add(1, std::memory_order_seq_cst);
     futex_wake(&kick_seq_);
   }
-  // For tests and diagnostics: times the watcher armed the bell and slept.
+  // For tests and diagnostics: times the watcher armed the bell and slept,
+  // and kick() calls (stop() included).
   uint64_t bell_sleeps() const { return bell_sleeps_.load(std::memory_order_relaxed); }
+  uint64_t kicks() const { return kicks_.load(std::memory_order_relaxed); }
 
   // The owner takes its part back (waiting while the watcher serves it) and
   // gets the part's next ticket.
@@ -258,7 +261,7 @@ class PollGroup {
   PollBell *bell_ = nullptr;
   int64_t bell_check_ns_ = kSleeperCheckNs;
   alignas(64) std::atomic<uint32_t> kick_seq_{0};
-  std::atomic<uint64_t> bell_sleeps_{0};
+  std::atomic<uint64_t> bell_sleeps_{0}, kicks_{0};
 };
 
 }  // namespace chi

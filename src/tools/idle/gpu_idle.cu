@@ -176,13 +176,18 @@ int main(int argc, char **argv) {
 
   // 1. Idle CPU.
   usleep(1000000);
+  // The orchestrator's launches meanwhile (its diag words, chimaera/device_layout.h).
+  const volatile uint64_t *diag = reinterpret_cast<const chi_dev_ctx_layout_t *>(&ctx)->diag;
   std::vector<ThreadCpu> before = thread_cpu();
+  const uint64_t e0 = diag ? diag[CHI_DIAG_START_EPOCH] : 0;
   const double c0 = process_cpu_s(), t0 = now_s();
   usleep(useconds_t(idle_s * 1e6));
   const double c1 = process_cpu_s(), t1 = now_s();
+  const uint64_t e1 = diag ? diag[CHI_DIAG_START_EPOCH] : 0;
   std::vector<ThreadCpu> after = thread_cpu();
   const double pct = 100.0 * (c1 - c0) / (t1 - t0);
-  printf("idle CPU over %.1f s: %.2f%% of one core (%d threads)\n", t1 - t0, pct, int(after.size()));
+  printf("idle CPU over %.1f s: %.2f%% of one core (%d threads); %.0f orchestrator launches/s\n", t1 - t0,
+         pct, int(after.size()), double(e1 - e0) / (t1 - t0));
   const long hz = sysconf(_SC_CLK_TCK);
   for (const ThreadCpu &a : after) {
     long prev = 0;
