@@ -241,14 +241,18 @@ class PollGroup {
       }
       release(part);
     }
+    bool kicked = served;
     if (!served && !stopping()) {
       bell_sleeps_.fetch_add(1, std::memory_order_relaxed);
       futex_wait(&kick_seq_, seq, bell_check_ns_);
+      kicked = kick_seq_.load(std::memory_order_seq_cst) != seq;
     }
     bell_->disarm();
-    // Spin first: the bell rings when a ticket is taken, its task is
-    // published a little later, and an idle look would only arm it again.
-    b.reset();
+    // Rung (or work found): spin first, since the bell rings when a ticket
+    // is taken and its task is published a little later, and an idle look
+    // would only arm it again.  A sleep that ran out stays parked: the
+    // next look arms the bell again.
+    if (kicked) b.reset();
     return true;
   }
 

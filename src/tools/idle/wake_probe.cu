@@ -121,6 +121,7 @@ int main(int argc, char **argv) {
     printf("chimaera-wake-probe: no CUDA device\n");
     return 77;
   }
+  setvbuf(stdout, nullptr, _IOLBF, 0);
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
   const int64_t period = period_us * 1000;
   const size_t wakes = size_t(seconds * 1e9 / period);
@@ -162,8 +163,9 @@ int main(int argc, char **argv) {
     lat.reserve(wakes);
     std::thread sleeper([&] {
       prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+      // Two wake-ups that land before the sleeper runs count as one sample.
       uint32_t seen = 0;
-      for (size_t i = 0; i < wakes; ++i) {
+      while (seen < wakes) {
         while (word.load(std::memory_order_acquire) == seen)
           syscall(SYS_futex, reinterpret_cast<uint32_t *>(&word), FUTEX_WAIT_PRIVATE, seen, nullptr, nullptr, 0);
         lat.push_back(mono_ns() - sent.load(std::memory_order_acquire));
