@@ -60,6 +60,9 @@ class CpuPoller {
   // A launch ended after its keeper rang for bell value `rung`: wakes the
   // watcher if that is the armed value.
   void bell_rang(uint64_t rung);
+  // Whether the parked watcher sleeps on the bell now (no GPU->CPU task for
+  // a while).
+  bool bell_armed() const { return bell_.word_ && __atomic_load_n(bell_.word_, __ATOMIC_RELAXED) != 0; }
   // For diagnostics and tests: times the watcher slept on the bell.
   uint64_t bell_sleeps() const { return group_ ? group_->bell_sleeps() : 0; }
   uint64_t bell_kicks() const { return group_ ? group_->kicks() : 0; }

@@ -33,6 +33,9 @@ constexpr int64_t kLeaseWakeEarlyNs = 100000;
 // The lease thread sleeps at most this long between looks at a launch (the
 // bell thread wakes it as soon as one ends).
 constexpr int64_t kLeaseLookNs = 1000000;
+// ... and at most this long while it sleeps towards a lease's end (a wake-up
+// per lease is all an idle runtime should pay).
+constexpr int64_t kLeaseSleepLookNs = 100000000;
 // The bell thread looks for a new launch this often even if none is announced.
 constexpr int64_t kBellIdleNs = 100000000;
 // Shutdown waits this long for the bell thread, which waits in the driver
@@ -274,7 +277,14 @@ void GpuDevice::bell_live_locked() {
   if (poller_) poller_->set_bell_live(shape_.lease_ns && running_ && !broken_ && !shut_ && bell_life_);
 }
 
-bool GpuDevice::wait_launch_end(uint64_t n, int64_t deadline, cudaError_t *err) {
+uint64_t GpuDevice::next_lease() const {
+  if (shape_.idle_lease_ns > shape_.lease_ns && poller_ && poller_->bell_armed() && exec_ &&
+      exec_->in_flight() == 0)
+    return shape_.idle_lease_ns;
+  return shape_.lease_ns;
+}
+
+bool GpuDevice::wait_launch_end(uint64_t n, int64_t deadline, cudaError_t *err, int64_t look_ns) {
   for (;;) {
     const uint32_t seq = end_seq_.load(std::memory_order_seq_cst);
     *err = cudaEventQuery(ended_[n & 1]);
@@ -282,7 +292,7 @@ bool GpuDevice::wait_launch_end(uint64_t n, int64_t deadline, cudaError_t *err) 
     if (lease_quit_.load(std::memory_order_relaxed)) return false;
     const int64_t left = deadline - now_ns();
     if (left <= 0) return false;
-    futex_wait(&end_seq_, seq, std::min(left, kLeaseLookNs));
+    futex_wait(&end_seq_, seq, std::min(left, look_ns));
   }
 }
 
@@ -366,7 +376,7 @@ void GpuDevice::lease_loop() {
       fail_locked(nullptr);
       continue;
     }
-    const int64_t due = launched_at_ + int64_t(shape_.lease_ns);
+    const int64_t due = launched_at_ + int64_t(lease_of_[n & 1]);
     // Tells launch n which launch comes next.  Past its lease it ends as soon
     // as that one is queued; while it is not (a device-wide call in another
     // thread may hold this thread back in any CUDA call, or the holder of
@@ -375,7 +385,7 @@ void GpuDevice::lease_loop() {
     lock.unlock();
     lease_phase(CHI_DIAG_PHASE_SLEEP, n);
     cudaError_t early;
-    if (wait_launch_end(n, due - kLeaseWakeEarlyNs, &early)) {
+    if (wait_launch_end(n, due - kLeaseWakeEarlyNs, &early, kLeaseSleepLookNs)) {
       // Ended before its lease: the bell (docs/gpu.md), or the keeper
       // stepped aside.  The top relaunches at once.
       lock.lock();
@@ -400,7 +410,7 @@ void GpuDevice::lease_loop() {
     // long): its successor starts then, and that start times the
     // successor's lease.  The bell thread wakes this one at the end.
     cudaError_t e = cudaErrorNotReady;
-    while (!wait_launch_end(n, now_ns() + kLeaseLookNs, &e))
+    while (!wait_launch_end(n, now_ns() + kLeaseLookNs, &e, kLeaseLookNs))
       if (lease_quit_.load(std::memory_order_relaxed) || launches_.load() != n + 2) break;
     lease_phase(CHI_DIAG_PHASE_LOCK, n);
     lock.lock();
@@ -444,7 +454,7 @@ int64_t GpuDevice::started_at(uint64_t k) const {
   timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   const int64_t ago = int64_t(uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec) - at);
-  if (ago < 0 || ago > int64_t(shape_.lease_ns)) return now;
+  if (ago < 0 || ago > int64_t(std::max(shape_.lease_ns, shape_.idle_lease_ns))) return now;
   return now - ago;
 }
 
@@ -485,6 +495,10 @@ chi_status_t GpuDevice::write_stop(uint32_t value) {
 chi_status_t GpuDevice::launch_locked(bool behind) {
   DeviceGuard guard(ordinal_);
   const uint64_t index = launches_.load();
+  // Its lease, read by its keeper at its start (launch n, running, read its own).
+  const uint64_t lease = next_lease();
+  __atomic_store_n(&host_lease_[3], lease, __ATOMIC_RELEASE);
+  lease_of_[index & 1] = lease;
   chi_gpu_launch_t l;
   l.struct_size = sizeof l;
   l.gpu = id_;

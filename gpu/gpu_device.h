@@ -88,7 +88,10 @@ class GpuDevice {
   // Until launch n's event completes (true, *err its status), `deadline`
   // (now_ns) passes or the thread must quit (false); sleeps between looks
   // until the bell thread says a launch ended.
-  bool wait_launch_end(uint64_t n, int64_t deadline, cudaError_t *err);
+  bool wait_launch_end(uint64_t n, int64_t deadline, cudaError_t *err, int64_t look_ns);
+  // The next launch's lease: idle_lease_ns while the pollers sleep on the
+  // bell and no CPU->GPU task is in flight, else lease_ns.
+  uint64_t next_lease() const;
   // The bell thread (with a lease): waits for each launch's end in the
   // driver (a blocking-sync event: it sleeps until the GPU's interrupt),
   // tells the lease thread, and wakes the parked pollers when the keeper
@@ -135,6 +138,7 @@ class GpuDevice {
   std::atomic<bool> lease_quit_{false};
   std::atomic<uint64_t> launches_{0};  // kernel launches so far
   int64_t launched_at_ = 0;            // now_ns() when the newest launch started, about
+  uint64_t lease_of_[2] = {0, 0};      // lease of launch i in [i & 1], ns
   bool running_ = false;  // the orchestrator is on: launched, or about to be relaunched
   bool broken_ = false;  // the kernel faulted or would not stop: no more CUDA work
   std::string failure_;  // why, once broken_ by a failure

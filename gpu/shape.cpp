@@ -1,5 +1,6 @@
 #include "gpu/shape.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <thread>
 
@@ -82,6 +83,8 @@ Shape make_shape(const Config &cfg, int sm_count) {
   s.submit_timeout_us = cfg.gpu.device_submit_timeout_us;
   s.max_payload = cfg.gpu.max_payload;
   s.lease_ns = uint64_t(cfg.gpu.lease_us) * 1000;
+  s.idle_lease_ns = std::max<uint64_t>(s.lease_ns, uint64_t(cfg.gpu.idle_lease_us) * 1000);
+  if (!s.lease_ns) s.idle_lease_ns = 0;
   uint64_t stride = (uint64_t(s.max_payload) + 63) & ~uint64_t(63);
   s.payload_stride = stride < 128 ? 128 : stride;  // room for the 112 inline bytes
   return s;

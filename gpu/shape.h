@@ -23,6 +23,7 @@ struct Shape {
   uint32_t threads = 0;           // per block
   uint32_t nwarps = 0;
   uint64_t lease_ns = 0;          // gpu.lease_us: the orchestrator kernel's lease, 0: never ends
+  uint64_t idle_lease_ns = 0;     // gpu.idle_lease_us (>= lease_ns; lease_ns when unset)
 };
 
 // sm_count: multiprocessors of the GPU (the grid never covers all of them).

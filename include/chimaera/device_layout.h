@@ -141,7 +141,9 @@ typedef struct chi_dev_orch_state {
                                * queue (it may be held back in a CUDA call); since ABI 7,
                                * [2] the pollers' bell: 0, or 1 + the first GPU->CPU
                                * ticket the parked pollers have not served (the keeper
-                               * ends its launch once d2h_tail reaches it) */
+                               * ends its launch once d2h_tail reaches it), [3] the
+                               * lease of the launch queued last, in ns (lease_ns, or
+                               * gpu.idle_lease_us while the routes are idle) */
 } chi_dev_orch_state_t;
 
 /* Largest orchestrator block, in warps: the orchestrator kernels are

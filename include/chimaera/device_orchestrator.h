@@ -399,7 +399,7 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
    * the arrival counter). */
   const uint64_t lease_ns = st->lease_ns;
   const uint64_t t_start = chi_port::shfl(chi_port::timer_ns(), 0); /* warp-uniform decisions */
-  const uint64_t lease_end = lease_ns ? t_start + lease_ns : ~0ull;
+  uint64_t lease_end = lease_ns ? t_start + lease_ns : ~0ull;
   uint64_t *const arrivals = reinterpret_cast<uint64_t *>(st->control + 4);
   uint64_t *const lease_over = reinterpret_cast<uint64_t *>(st->control + 6);
   uint64_t epoch = 0;
@@ -417,7 +417,14 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
     const uint32_t stop0 = lane == 0 ? chi_port::ld_relaxed_dev(st->control) : 0u;
     if (chi_port::shfl(stop0, 0)) return;
     bool in_use;
-    if (keeper) keep_sig = route_signature(l, lane, &in_use);
+    if (keeper) {
+      keep_sig = route_signature(l, lane, &in_use);
+      /* This launch's lease: longer while the routes are idle (the runtime's
+       * gpu.idle_lease_us); anything implausible keeps lease_ns. */
+      uint64_t mine = lane == 0 ? chi_port::ll_load8(st->host_lease + 3) : 0u;
+      mine = chi_port::shfl(mine, 0);
+      if (mine >= lease_ns && mine <= 1000000000ull) lease_end = t_start + mine;
+    }
     if (gw == 0 && lane == 0) {
       /* Back: the GPU->GPU gate opens (if the last launch stepped aside). */
       chi_port::fetch_and_release_dev(l->gate, ~kGateAway);

@@ -542,6 +542,46 @@ static void test_d2h_bell(void **state) {
   }
 }
 
+/* gpu.idle_lease_us (main sets 20 ms): while the routes are idle (the pollers
+ * asleep on the bell, no CPU->GPU task in flight) each launch of the
+ * orchestrator lasts that long, so it is launched far less often; the
+ * launches are counted from its diag words (a slow host launches fewer,
+ * never more).  Then every route still answers. */
+static void test_idle_lease(void **state) {
+  (void)state;
+  const chi_dev_ctx_layout_t *l = reinterpret_cast<const chi_dev_ctx_layout_t *>(&g_ctx);
+  if (l->lease_us == 0) {
+    printf("# persistent orchestrator (gpu.lease_us 0): no lease\n");
+    return;
+  }
+  const char *env = getenv("CHI_GPU_IDLE_LEASE_US");
+  const long idle_us = env ? atol(env) : 0;
+  if (idle_us < 4 * (long)l->lease_us) {
+    printf("# gpu.idle_lease_us %ld: too close to gpu.lease_us to tell apart\n", idle_us);
+    return;
+  }
+  volatile uint64_t *diag = l->diag;
+  sleep_ms(100); /* idle: the pollers park and sleep on the bell */
+  const uint64_t e0 = diag[CHI_DIAG_START_EPOCH];
+  sleep_ms(200);
+  const uint64_t launches = diag[CHI_DIAG_START_EPOCH] - e0;
+  printf("# %llu launches in 200 ms idle (lease %u us, idle lease %ld us)\n", (unsigned long long)launches,
+         l->lease_us, idle_us);
+  assert_true(launches <= 200000 / (uint64_t)idle_us + 3);
+  /* Every route still answers after the quiet spell. */
+  k_source<<<1, 1, 0, g_stream>>>(g_ctx, g_source_method, g_st);
+  sync_stream();
+  assert_status(CHI_OK, g_st[1]);
+  run_payloads(CHI_ROUTE_LOCAL);
+  uint8_t in[64], out[64];
+  size_t osz = 0;
+  chi_future_t f;
+  for (int i = 0; i < 64; ++i) in[i] = (uint8_t)i;
+  assert_status(CHI_OK, chi_submit(g_rt, CHI_ROUTE_GPU(0), CHI_METHOD_ECHO, in, 64, &f));
+  assert_status(CHI_OK, chi_wait(g_rt, f, GT_WAIT_NS, out, 64, &osz));
+  assert_memory_equal(in, out, 64);
+}
+
 static void test_d2h_many_warps(void **state) {
   (void)state;
   run_many(CHI_ROUTE_CPU);
@@ -712,6 +752,7 @@ int main(void) {
   /* test_d2h_bell: a bell that does not ring shows as a missing diag word,
    * not as a task served by the watcher's safety-net look. */
   setenv("CHI_GPU_POLLER_BELL_CHECK_US", "1000000", 0);
+  setenv("CHI_GPU_IDLE_LEASE_US", "20000", 0); /* test_idle_lease */
   chi_config_t cfg;
   chi_config_init(&cfg);
   chi_status_t s = chi_init(&cfg, &g_rt);
@@ -750,7 +791,7 @@ int main(void) {
       cmocka_unit_test(test_d2d_payloads),   cmocka_unit_test(test_d2h_shapes),
       cmocka_unit_test(test_d2d_shapes),   cmocka_unit_test(test_d2h_errors),
       cmocka_unit_test(test_d2d_errors),     cmocka_unit_test(test_d2h_source),
-      cmocka_unit_test(test_d2h_bell),
+      cmocka_unit_test(test_d2h_bell),       cmocka_unit_test(test_idle_lease),
       cmocka_unit_test(test_device_timeout), cmocka_unit_test(test_d2h_many_warps),
       cmocka_unit_test(test_d2d_many_warps), cmocka_unit_test(test_diverged_lanes),
       cmocka_unit_test(test_pause_resume),   cmocka_unit_test(test_regions),
