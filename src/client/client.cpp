@@ -105,6 +105,11 @@ int64_t Client::wait_spin_ns() const {
   return cpus >= 4 ? cfg_.spin_ns : 0;
 }
 
+int64_t Client::wait_yield_ns() const {
+  static const unsigned cpus = std::thread::hardware_concurrency();
+  return cpus >= 4 ? cfg_.client_yield_ns : 0;
+}
+
 void Client::note_method_limit(uint32_t limit) {
   uint32_t lim = method_limit_.load(std::memory_order_relaxed);
   while (limit > lim && !method_limit_.compare_exchange_weak(lim, limit)) {

@@ -102,6 +102,8 @@ class Client {
   // server's poller and worker need (measured: 168 us vs 23 us per round
   // trip on 2 cores).
   int64_t wait_spin_ns() const;
+  // ... then polls with sched_yield this long (client_yield_ns; 0 below 4 CPUs).
+  int64_t wait_yield_ns() const;
 
   Config cfg_;
   uint32_t tag_ = 0;

@@ -217,6 +217,7 @@ chi_status_t ShmClient::wait(uint32_t i, uint32_t gen, int64_t timeout_ns, void 
   slot::WaitPolicy p;
   p.shared = true;
   p.spin_ns = wait_spin_ns();
+  p.yield_ns = wait_yield_ns();
   p.slice_ns = int64_t(cfg_.disconnect_check_ms) * 1000000;
   auto gone = [&] {
     return gone_.load(std::memory_order_acquire) ||

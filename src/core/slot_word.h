@@ -20,6 +20,8 @@
 // (ipc/segment.h), so one wait serves both.
 #pragma once
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -150,14 +152,19 @@ chi_status_t release(std::atomic<uint32_t> &s, uint32_t gen, Free free_slot) {
 struct WaitPolicy {
   bool shared = false;    // the word lives in memory shared between processes
   int64_t spin_ns = 0;    // spin this long before the first sleep
+  int64_t yield_ns = 0;   // then poll with sched_yield() between looks this long
   int64_t slice_ns = -1;  // sleep at most this long at a time (< 0: no bound)
   bool helper = false;    // help() may run tasks: ask it at every poll
 };
 
 constexpr unsigned kPollsPerClockRead = 32;  // a clock read costs ~20-50 ns
 
-// Waits while `s` holds the pending task of gen: spins, then sets kSleeper and
-// sleeps on the word (whoever changes it wakes the sleeper).  *seen: the word
+// Waits while `s` holds the pending task of gen: spins, then polls giving
+// the CPU away (sched_yield) for p.yield_ns, then sets kSleeper and sleeps on
+// the word (whoever changes it wakes the sleeper).  A yielding waiter costs
+// the one that finishes the task no wake-up: with more waiting processes
+// than CPUs, the server's pollers then spend their time on tasks, not on
+// futex_wake calls (the 256-client sweep, docs/performance.md).  *seen: the word
 // that ended the wait.  Returns CHI_OK (the task is no longer pending: done,
 // or released by another thread), CHI_ERR_TIMEOUT, or CHI_ERR_DISCONNECTED
 // (from gone()/alive()); sets no message.
@@ -167,6 +174,7 @@ chi_status_t wait(std::atomic<uint32_t> &s, uint32_t gen, int64_t timeout_ns, co
   const uint32_t pending = word(gen, kPending);
   const int64_t start = now_ns();
   const int64_t spin_end = start + p.spin_ns;
+  const int64_t yield_end = spin_end + p.yield_ns;
   uint32_t w = s.load(std::memory_order_acquire);
   unsigned polls = 0;
   while ((w & ~kSleeper) == pending) {
@@ -189,6 +197,11 @@ chi_status_t wait(std::atomic<uint32_t> &s, uint32_t gen, int64_t timeout_ns, co
     }
     if (now < spin_end) {
       cpu_relax();
+      w = s.load(std::memory_order_acquire);
+      continue;
+    }
+    if (now < yield_end) {
+      sched_yield();
       w = s.load(std::memory_order_acquire);
       continue;
     }
