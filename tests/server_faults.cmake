@@ -11,6 +11,15 @@ foreach(transport ipc tcp)
     ENVIRONMENT "CHI_TEST_TRANSPORT=${transport}")
 endforeach()
 
+# Clients that spin and poll (spin_ns, client_yield_ns, the ZeroMQ I/O
+# thread awake while results are due) as on machines of 4 CPUs or more,
+# whatever this machine has.
+foreach(transport shm ipc)
+  add_test(NAME test_server_spin_${transport} COMMAND test_server)
+  set_tests_properties(test_server_spin_${transport} PROPERTIES TIMEOUT 300 LABELS server
+    ENVIRONMENT "CHI_TEST_TRANSPORT=${transport};CHI_CLIENT_SPIN_MIN_CPUS=1")
+endforeach()
+
 # Built-in methods on the server's workers instead of its pollers.
 add_test(NAME test_server_workers COMMAND test_server)
 set_tests_properties(test_server_workers PROPERTIES TIMEOUT 300 LABELS server

@@ -102,12 +102,12 @@ chi_status_t Client::unregister_server_mem(uint64_t region) {
 
 int64_t Client::wait_spin_ns() const {
   static const unsigned cpus = std::thread::hardware_concurrency();
-  return cpus >= 4 ? cfg_.spin_ns : 0;
+  return cpus >= cfg_.client_spin_min_cpus ? cfg_.spin_ns : 0;
 }
 
 int64_t Client::wait_yield_ns() const {
   static const unsigned cpus = std::thread::hardware_concurrency();
-  return cpus >= 4 ? cfg_.client_yield_ns : 0;
+  return cpus >= cfg_.client_spin_min_cpus ? cfg_.client_yield_ns : 0;
 }
 
 void Client::note_method_limit(uint32_t limit) {

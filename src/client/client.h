@@ -98,11 +98,13 @@ class Client {
   // Applies gpu.devices (chi_config_t.gpus) to the server's GPU count.
   chi_status_t apply_gpu_setting(int32_t server_gpus);
   // How long a waiter spins before it sleeps: spin_ns, or 0 on a machine of
-  // fewer than 4 CPUs, where a spinning client takes the CPU that the
+  // fewer than client_spin_min_cpus (4) CPUs, where a spinning client takes the CPU that the
   // server's poller and worker need (measured: 168 us vs 23 us per round
   // trip on 2 cores).
   int64_t wait_spin_ns() const;
-  // ... then polls with sched_yield this long (client_yield_ns; 0 below 4 CPUs).
+  // ... then polls with sched_yield this long (client_yield_ns; 0 below
+  // client_spin_min_cpus).  Over ZeroMQ the I/O thread polls without
+  // blocking as long (results due) and as long as spin_ns after its work.
   int64_t wait_yield_ns() const;
 
   Config cfg_;

@@ -127,6 +127,8 @@ chi_status_t ZmqClient::open(bool control) {
   if (zmq_connect(dealer_, a.c_str()) != 0)
     return set_error(CHI_ERR_INVALID, "cannot connect to %s: %s", a.c_str(), zmq_strerror(errno));
   try {
+    io_busy_spin_ns_ = wait_yield_ns();
+    io_idle_spin_ns_ = wait_spin_ns();
     io_ = std::thread(&ZmqClient::io_main, this);
   } catch (const std::exception &e) {
     return set_error(CHI_ERR_NOMEM, "cannot start the client's I/O thread: %s", e.what());
@@ -206,21 +208,39 @@ chi_status_t ZmqClient::disconnected(const char *where) {
 
 void ZmqClient::io_main() {
   zmq_pollitem_t items[3] = {{dealer_, 0, ZMQ_POLLIN, 0}, {nullptr, wake_fd_, ZMQ_POLLIN, 0}, {monitor_, 0, ZMQ_POLLIN, 0}};
+  int64_t worked_at = 0;
   while (!quit_.load(std::memory_order_acquire)) {
     items[0].events = short(ZMQ_POLLIN | (backlog_.empty() ? 0 : ZMQ_POLLOUT));
-    int n = zmq_poll(items, 3, 100);
+    // Awake while results are due or shortly after its last work: each
+    // look is a non-blocking poll, and submits skip the eventfd.
+    const int64_t window = io_outstanding_ ? io_busy_spin_ns_ : io_idle_spin_ns_;
+    const bool awake = window > 0 && now_ns() - worked_at < window;
+    long timeout = 100;
+    if (awake) {
+      io_awake_.store(true, std::memory_order_seq_cst);
+      timeout = 0;
+    } else if (io_awake_.load(std::memory_order_relaxed)) {
+      // Going to sleep: a submit that still saw it awake wrote no eventfd
+      // (out_ready_ then says so: Dekker with submit()).
+      io_awake_.store(false, std::memory_order_seq_cst);
+      if (out_ready_.load(std::memory_order_seq_cst)) timeout = 0;
+    }
+    int n = zmq_poll(items, 3, timeout);
     if (n < 0 && zmq_errno() != EINTR) break;
     if (items[1].revents & ZMQ_POLLIN) {
       uint64_t v;
       while (read(wake_fd_, &v, sizeof v) > 0) {
       }
     }
+    uint32_t moved = 0;
     // Replies before socket events: a result that came before the
     // connection closed is delivered, not lost to the disconnect.
-    if (items[0].revents & ZMQ_POLLIN) io_receive();
+    if (items[0].revents & ZMQ_POLLIN) moved += io_receive();
     if (items[2].revents & ZMQ_POLLIN) io_monitor();
-    io_send_queued();
+    if (!awake || n > 0 || out_ready_.load(std::memory_order_acquire)) moved += io_send_queued();
+    if (moved) worked_at = now_ns();
   }
+  io_awake_.store(false, std::memory_order_seq_cst);
   // Last words (kBye) go out if they can; LINGER 0 drops the rest.
   io_send_queued();
 }
@@ -255,23 +275,26 @@ void ZmqClient::io_monitor() {
   }
 }
 
-void ZmqClient::io_send_queued() {
+uint32_t ZmqClient::io_send_queued() {
   // Frames the socket refused earlier go first, in order.
   while (!backlog_.empty()) {
-    if (zmq_send(dealer_, backlog_.front().data(), backlog_.front().size(), ZMQ_DONTWAIT) < 0) return;
+    if (zmq_send(dealer_, backlog_.front().data(), backlog_.front().size(), ZMQ_DONTWAIT) < 0) return 0;
     backlog_.erase(backlog_.begin());
   }
   std::vector<uint32_t> slots;
   std::string ctl;
   {
     std::lock_guard<std::mutex> lock(out_mu_);
+    out_ready_.store(false, std::memory_order_relaxed);
     slots.swap(out_slots_);
     ctl.swap(out_control_);
   }
+  io_outstanding_ += uint32_t(slots.size());
   auto send_or_keep = [&](std::string &&frame) {
     if (!backlog_.empty() || zmq_send(dealer_, frame.data(), frame.size(), ZMQ_DONTWAIT) < 0)
       backlog_.push_back(std::move(frame));  // bounded: at most one frame per slot
   };
+  const uint32_t moved = uint32_t(slots.size()) + (ctl.empty() ? 0u : 1u);
   if (!ctl.empty()) send_or_keep(std::move(ctl));
   // The submits queued since the last turn leave as batches: one message
   // part of up to kBatchBytes per batch (libzmq's cost is per message).
@@ -292,15 +315,16 @@ void ZmqClient::io_send_queued() {
     }
   }
   if (!batch.empty()) send_or_keep(std::move(batch));
+  return moved;
 }
 
-void ZmqClient::io_receive() {
-  for (;;) {
+uint32_t ZmqClient::io_receive() {
+  for (uint32_t got = 0;; ++got) {
     zmq_msg_t msg;
     zmq_msg_init(&msg);
     if (zmq_msg_recv(&msg, dealer_, ZMQ_DONTWAIT) < 0) {
       zmq_msg_close(&msg);
-      return;
+      return got;
     }
     bool go_on = true;
     std::string why;
@@ -311,7 +335,7 @@ void ZmqClient::io_receive() {
       go_on = false;
     }
     zmq_msg_close(&msg);
-    if (!go_on) return;
+    if (!go_on) return got + 1;
   }
 }
 
@@ -336,6 +360,7 @@ bool ZmqClient::io_frame(const ipc::Frame &f) {
     }
     reply_cv_.notify_all();
   } else if (f.kind == ipc::Kind::kResult && !(f.id & kControlBit)) {
+    if (io_outstanding_) --io_outstanding_;
     uint32_t i = uint32_t(f.id), gen = uint32_t(f.id >> 32);
     if (i < nslots_.load(std::memory_order_acquire) && f.size <= max_payload_) {
       Slot &s = slots_[i];
@@ -419,7 +444,9 @@ chi_status_t ZmqClient::submit(chi_route_t route, chi_method_t method, const voi
     std::lock_guard<std::mutex> lock(out_mu_);
     out_slots_.push_back(i);
   }
-  wake_io();
+  // An awake I/O thread sees out_ready_ at its next look (Dekker with io_main).
+  out_ready_.store(true, std::memory_order_seq_cst);
+  if (!io_awake_.load(std::memory_order_seq_cst)) wake_io();
   *future = encode_future(tag_, kClientPool, gen, i);
   return CHI_OK;
 }
@@ -437,6 +464,7 @@ chi_status_t ZmqClient::wait(uint32_t i, uint32_t gen, int64_t timeout_ns, void 
   Slot &s = slots_[i];
   slot::WaitPolicy p;
   p.spin_ns = wait_spin_ns();
+  p.yield_ns = wait_yield_ns();
   p.slice_ns = int64_t(cfg_.disconnect_check_ms) * 1000000;
   uint32_t w = 0;
   const chi_status_t ws = slot::wait(

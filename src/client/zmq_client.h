@@ -2,6 +2,10 @@
 // socket owned by one I/O thread per client runtime (zmq sockets are not
 // thread-safe).  Caller threads fill a private slot and queue its index; the
 // I/O thread sends it, matches replies by request id and wakes the waiter.
+// While requests are out (and for spin_ns after its last work) the I/O
+// thread polls without blocking, so neither a submit nor a reply has to wake
+// it: a round trip then costs the wake-ups of raw libzmq REQ/REP, not two
+// more (docs/performance.md, ZeroMQ).
 #pragma once
 
 #include <atomic>
@@ -52,8 +56,9 @@ class ZmqClient final : public Client {
   ZmqClient() = default;
   chi_status_t open(bool control);
   void io_main();
-  void io_send_queued();
-  void io_receive();
+  // Both return how many submits / results they moved.
+  uint32_t io_send_queued();
+  uint32_t io_receive();
   bool io_frame(const ipc::Frame &f);
   void io_monitor();
   void mark_gone(const char *why);
@@ -68,6 +73,13 @@ class ZmqClient final : public Client {
   void *dealer_ = nullptr;
   void *monitor_ = nullptr;
   int wake_fd_ = -1;
+  // The I/O thread polls without blocking: submits need not write wake_fd_.
+  std::atomic<bool> io_awake_{false};
+  // Submits queued since the I/O thread last took the queue.
+  std::atomic<bool> out_ready_{false};
+  int64_t io_busy_spin_ns_ = 0;  // polling while results are due: client_yield_ns
+  int64_t io_idle_spin_ns_ = 0;  // ... and after its last work: spin_ns
+  uint32_t io_outstanding_ = 0;  // submits sent, results not yet seen (I/O thread only)
   std::thread io_;
   std::atomic<bool> quit_{false};
   std::atomic<bool> gone_{false};

@@ -51,6 +51,7 @@ struct Config {
   uint32_t max_inline_payload = 4096;  // bytes, 0..1 MiB
   int64_t spin_ns = 50000;             // waiters and idle workers spin this long, then futex sleep, 0..1e10
   int64_t client_yield_ns = 1000000;   // a client's waiter then polls with sched_yield this long, 0..1e10
+  uint32_t client_spin_min_cpus = 4;   // clients spin and yield only on machines of at least this many CPUs
   bool submit_blocking = true;         // full slots: block (up to submit_timeout_ms) or fail with CHI_ERR_AGAIN
   uint32_t submit_timeout_ms = 1000;   // bound of a blocking submit, 0..3600000
   uint64_t worker_stack_size = 0;      // CPU worker stacks, bytes; 0: the system default for new

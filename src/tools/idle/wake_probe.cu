@@ -59,6 +59,13 @@ int64_t real_ns() {
   return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
+// Sleeps until CLOCK_MONOTONIC reads `due` (ns).
+void sleep_until(int64_t due) {
+  timespec ts{time_t(due / 1000000000), long(due % 1000000000)};
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) != 0) {
+  }
+}
+
 double process_cpu_ns() {
   rusage r;
   getrusage(RUSAGE_SELF, &r);
@@ -147,9 +154,7 @@ int main(int argc, char **argv) {
     const int64_t t0 = mono_ns();
     for (size_t i = 0; i < wakes; ++i) {
       const int64_t due = t0 + int64_t(i + 1) * period;
-      timespec ts{time_t(due / 1000000000), long(due % 1000000000)};
-      while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) != 0) {
-      }
+      sleep_until(due);
       lat.push_back(mono_ns() - due);
     }
     report("timed", lat, process_cpu_ns() - c0, wakes, (mono_ns() - t0) * 1e-9);
@@ -176,9 +181,7 @@ int main(int argc, char **argv) {
     const int64_t t0 = mono_ns();
     for (size_t i = 0; i < wakes; ++i) {
       const int64_t due = t0 + int64_t(i + 1) * period;
-      timespec ts{time_t(due / 1000000000), long(due % 1000000000)};
-      while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) != 0) {
-      }
+      sleep_until(due);
       sent.store(mono_ns(), std::memory_order_release);
       word.fetch_add(1, std::memory_order_release);
       syscall(SYS_futex, reinterpret_cast<uint32_t *>(&word), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
