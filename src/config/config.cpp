@@ -217,6 +217,8 @@ const Setting kSettings[] = {
      [](Config &c, const Value &v) { c.server.client_max_in_flight = static_cast<uint32_t>(v.i); }},
     {"server.spin_ns", "CHI_SERVER_SPIN_NS", Kind::kInt, 0, 10000000000, false,
      [](Config &c, const Value &v) { c.server.spin_ns = v.i; }},
+    {"server.yield_ns", "CHI_SERVER_YIELD_NS", Kind::kInt, 0, 10000000000, false,
+     [](Config &c, const Value &v) { c.server.yield_ns = v.i; }},
     {"server.hello_timeout_ms", "CHI_SERVER_HELLO_TIMEOUT_MS", Kind::kInt, 1, 3600000, false,
      [](Config &c, const Value &v) { c.server.hello_timeout_ms = static_cast<uint32_t>(v.i); }},
     {"server.inline_builtins", "CHI_SERVER_INLINE_BUILTINS", Kind::kBool, 0, 0, false,

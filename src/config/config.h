@@ -35,6 +35,7 @@ struct ServerConfig {
   uint32_t max_clients = 1024;       // client sessions at once, 1..65536
   uint32_t client_max_in_flight = 0; // server task slots one client may hold; 0: queue_depth / 4, at most 1024
   int64_t spin_ns = 50000;           // an idle poller spins this long, then sleeps, 0..1e10
+  int64_t yield_ns = 0;              // ... then polls with sched_yield this long, 0..1e10
   bool inline_builtins = true;       // built-in methods (CPU route) run on the poller that took them
   uint32_t shutdown_timeout_ms = 5000;  // stop: how long running client tasks may finish, 0..3600000
   uint32_t hello_timeout_ms = 1000;     // a new connection's hello must come within this, 1..3600000

@@ -1,6 +1,7 @@
 #include "server/shm_pollers.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -131,8 +132,12 @@ void PollerPool::main(Poller *p) {
   size_t turn = 0;
   // Below 4 CPUs a spinning poller takes the CPU from the worker and the
   // client it waits for: it sleeps at once instead (the doorbell wakes it).
-  const int64_t spin_ns =
-      std::thread::hardware_concurrency() >= 4 ? svc_.runtime().config().server.spin_ns : 0;
+  const bool many = std::thread::hardware_concurrency() >= 4;
+  const int64_t spin_ns = many ? svc_.runtime().config().server.spin_ns : 0;
+  // Then passes with sched_yield between them (server.yield_ns, off by
+  // default): under more runnable clients than CPUs a poller that does not
+  // sleep spares them the doorbell and itself the wake-up.
+  const int64_t yield_end_ns = spin_ns + svc_.runtime().config().server.yield_ns;
   int64_t idle_since = now_ns();
   epoll_event events[64];
   while (!quit_.load(std::memory_order_acquire)) {
@@ -158,8 +163,13 @@ void PollerPool::main(Poller *p) {
       idle_since = now_ns();
       continue;
     }
-    if (now_ns() - idle_since < spin_ns) {
+    const int64_t idle = now_ns() - idle_since;
+    if (idle < spin_ns) {
       cpu_relax();
+      continue;
+    }
+    if (idle < yield_end_ns) {
+      sched_yield();
       continue;
     }
     // Sleep: arm every doorbell, then look once more, so that a client
