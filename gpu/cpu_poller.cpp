@@ -52,7 +52,8 @@ void CpuPoller::set_bell_live(bool live) {
 }
 
 void CpuPoller::bell_rang(uint64_t rung) {
-  if (group_ && rung != 0 && __atomic_load_n(bell_.word_, __ATOMIC_SEQ_CST) == rung) group_->kick();
+  if (group_ && bell_.word_ && rung != 0 && __atomic_load_n(bell_.word_, __ATOMIC_SEQ_CST) == rung)
+    group_->kick();
 }
 
 // Serves the entry of `ticket` if a kernel has published it; false if not yet.

@@ -177,7 +177,7 @@ typedef struct chi_dev_orch_state {
 #define CHI_DIAG_PHASE_IDLE 1u    /* waiting for the orchestrator to run */
 #define CHI_DIAG_PHASE_SLEEP 2u   /* until shortly before the lease ends */
 #define CHI_DIAG_PHASE_QUEUE 3u   /* queuing the successor (a CUDA launch) */
-#define CHI_DIAG_PHASE_WAIT_END 4u /* waiting for the running launch to end (event queries) */
+#define CHI_DIAG_PHASE_WAIT_END 4u /* waiting for the running launch to end (the bell thread wakes it) */
 #define CHI_DIAG_PHASE_LOCK 5u    /* taking the device's lock */
 
 #define CHI_DEV_FAULT_ABI 1u /* kernel compiled against another chimaera_device.h */

@@ -394,9 +394,9 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
    * the queue with no orchestrator to come: a kernel that waits for a
    * GPU->GPU task cannot hold a device-wide call forever.  The next launch
    * opens the gate.  The keeper also ends a launch early, in the same way,
-   * when it hears the pollers' bell (kBellIdleSampleNs).  The keeper's decision reaches the other warps through
-   * control[6..7], compared with the launch's epoch (= launch index, from
-   * the arrival counter). */
+   * when it hears the pollers' bell (kBellIdleSampleNs).  The keeper's
+   * decision reaches the other warps through control[6..7], compared with
+   * the launch's epoch (= launch index, from the arrival counter). */
   const uint64_t lease_ns = st->lease_ns;
   const uint64_t t_start = chi_port::shfl(chi_port::timer_ns(), 0); /* warp-uniform decisions */
   uint64_t lease_end = lease_ns ? t_start + lease_ns : ~0ull;

@@ -132,8 +132,8 @@ void PollerPool::main(Poller *p) {
   size_t turn = 0;
   // Below 4 CPUs a spinning poller takes the CPU from the worker and the
   // client it waits for: it sleeps at once instead (the doorbell wakes it).
-  const bool many = std::thread::hardware_concurrency() >= 4;
-  const int64_t spin_ns = many ? svc_.runtime().config().server.spin_ns : 0;
+  const int64_t spin_ns =
+      std::thread::hardware_concurrency() >= 4 ? svc_.runtime().config().server.spin_ns : 0;
   // Then passes with sched_yield between them (server.yield_ns, off by
   // default): under more runnable clients than CPUs a poller that does not
   // sleep spares them the doorbell and itself the wake-up.
