@@ -118,6 +118,14 @@ void CpuPoller::reply(uint32_t slot, uint32_t gen, chi_status_t status, const vo
     // Dense, after the header words: the device reads it with plain loads
     // after its acquire load of word 0 sees `gen` (docs/gpu.md).
     if (osize) std::memcpy(reinterpret_cast<unsigned char *>(r + CHI_DEV_LL_HEADER), out, osize);
+    if (osize && osize <= CHI_DEV_REPLY_LL_OUTPUT) {
+      // Also as LL words 2-3, which a waiter's poll reads beside the header:
+      // such a reply is taken in one round trip (device_layout.h).
+      uint32_t w[2] = {0, 0};
+      std::memcpy(w, out, osize);
+      ll_store(r + 2, ll_pack(w[0], gen));
+      ll_store(r + 3, ll_pack(w[1], gen));
+    }
   } else {
     std::memcpy(buf_ + slot * shape_.payload_stride, out, osize);
   }

@@ -158,7 +158,10 @@ CHI_DEVICE chi_status_t chi_dev_try_submit(const chi_dev_context_t *ctx, chi_rou
  * CHI_ERR_INVALID: bad context, future 0, stale, consumed, released or never issued.
  * Ownership: a result returned consumes the future and frees its slot.
  * Thread safety: any thread of any kernel on the future's GPU; concurrent
- * waiters of one future: one gets the result, the others CHI_ERR_INVALID. */
+ * waiters of one future: one gets the result, the others CHI_ERR_INVALID.
+ * A GPU->CPU future is claimed for the whole wait: while one thread waits on
+ * it, chi_dev_wait, chi_dev_test and chi_dev_release of it in other threads
+ * return CHI_ERR_INVALID. */
 CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t future,
                                      int64_t timeout_ns, void *output, uint32_t output_capacity,
                                      uint32_t *output_size) {
@@ -186,16 +189,19 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
      * slot is 16-byte aligned and its output area at least 128 bytes). */
     const uint4 hv = *reinterpret_cast<const uint4 *>(base);
     uint4 v0 = obuf[0], v1 = obuf[1], v2 = obuf[2], v3 = obuf[3];
+    /* DONE was acquired above, so what was read is this task's output as
+     * long as nobody else claims the slot: the claim only arbitrates, and is
+     * in flight beside those loads (undone below if the output does not fit). */
+    uint32_t expect = (gen << 8) | CHI_DEV_SLOT_DONE;
+    const bool claimed = chi_port::cas_relaxed_dev(state, &expect, (gen << 8) | CHI_DEV_SLOT_CLAIMED);
     const chi_status_t status = static_cast<chi_status_t>(hv.z);
     const uint32_t osize = hv.w;
+    if (!claimed) return CHI_ERR_INVALID;
     if (output && osize > output_capacity) {
+      chi_port::st_relaxed_dev(state, (gen << 8) | CHI_DEV_SLOT_DONE); /* the caller may wait again */
       if (output_size) *output_size = osize;
       return CHI_ERR_TOO_LARGE;
     }
-    /* DONE was acquired above, so what was read is this task's output as
-     * long as nobody else claims the slot: the claim only arbitrates. */
-    uint32_t expect = (gen << 8) | CHI_DEV_SLOT_DONE;
-    if (!chi_port::cas_relaxed_dev(state, &expect, (gen << 8) | CHI_DEV_SLOT_CLAIMED)) return CHI_ERR_INVALID;
     if (output && osize) {
       if (osize <= 64u) put_first64(output, osize, v0, v1, v2, v3);
       else thread_copy(output, obuf, osize, true);
@@ -207,48 +213,66 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
     return status;
   }
 
-  /* GPU->CPU: the reply is in host memory.  Polls are acquire loads of its
-   * word 0 (one PCIe round trip each; they spare the bus when thousands of
-   * warps wait); once it carries this generation, word 1 and the output are
-   * read with plain loads, all in flight at once: one more round trip up to
-   * 64 bytes (take_reply_output past that). */
+  /* GPU->CPU: the reply is in host memory.  The future is claimed first: the
+   * claim (a device-memory atomic) is then in flight beside the first poll
+   * instead of after the reply, and is undone on a timeout or a buffer too
+   * small.  A poll is one round trip over PCIe: an acquire load of header
+   * words 0-1 ({status, gen}, {output size, gen}) and, issued just before it
+   * while the wait is young, a volatile load of words 2-3, which carry an
+   * output of up to CHI_DEV_REPLY_LL_OUTPUT bytes as LL words.  Such a reply
+   * is complete when the poll sees it.  A larger one (or a small one whose
+   * words 2-3 that load missed) is read after the acquire with plain loads,
+   * all in flight at once: one more round trip up to 64 bytes
+   * (take_reply_output past that). */
   uint32_t *state = l->d2h_state + slot;
   const uint64_t *rec = l->d2h_reply + static_cast<uint64_t>(slot) * CHI_DEV_LL_WORDS;
-  /* The state check (device memory) overlaps the first read of the reply (host memory). */
-  const uint32_t s = chi_port::ld_relaxed_dev(state);
-  uint64_t w0 = chi_port::ld_acquire_sys(rec);
-  if (s != ((gen << 8) | CHI_DEV_SLOT_SUBMITTED)) return CHI_ERR_INVALID;
+  uint32_t expect = (gen << 8) | CHI_DEV_SLOT_SUBMITTED;
+  const bool claimed = chi_port::cas_relaxed_dev(state, &expect, (gen << 8) | CHI_DEV_SLOT_CLAIMED);
+  const bool want_ll = output != nullptr && output_capacity > 0u;
+  uint64_t w0, w1, x2 = 0, x3 = 0;
+  if (want_ll) chi_port::ll_load16(rec + 2, &x2, &x3);
+  chi_port::ll_load16_acquire_sys(rec, &w0, &w1);
+  if (!claimed) return CHI_ERR_INVALID;
   while (ll_flag(w0) != gen) {
     const uint64_t waited = chi_port::timer_ns() - t0;
-    if (timeout_ns == 0 || (timeout_ns > 0 && waited >= static_cast<uint64_t>(timeout_ns)))
+    if (timeout_ns == 0 || (timeout_ns > 0 && waited >= static_cast<uint64_t>(timeout_ns))) {
+      chi_port::st_relaxed_dev(state, (gen << 8) | CHI_DEV_SLOT_SUBMITTED); /* the future stays valid */
       return CHI_ERR_TIMEOUT;
+    }
     wait_pause(waited, spin_ns);
-    w0 = chi_port::ld_acquire_sys(rec);
+    /* Past the spin, polls read the header alone: each load is PCIe
+     * bandwidth when thousands of warps wait. */
+    const bool young = want_ll && waited < spin_ns;
+    if (young) chi_port::ll_load16(rec + 2, &x2, &x3);
+    chi_port::ll_load16_acquire_sys(rec, &w0, &w1);
   }
-  /* Word 1 and the first 64 bytes of an inline output, in one round trip:
-   * written before word 0, so plain loads after the acquire see them. */
-  const uint4 *r4 = reinterpret_cast<const uint4 *>(rec);
-  const uint4 hv = r4[0];
-  /* Only the pieces the output buffer can take: each is PCIe bandwidth when
-   * thousands of warps wait. */
-  const uint32_t take = output ? (output_capacity < 64u ? (output_capacity + 15u) / 16u : 4u) : 0u;
-  uint4 v0 = {}, v1 = {}, v2 = {}, v3 = {};
-  if (take > 0u) v0 = r4[CHI_DEV_LL_HEADER / 2u];
-  if (take > 1u) v1 = r4[CHI_DEV_LL_HEADER / 2u + 1u];
-  if (take > 2u) v2 = r4[CHI_DEV_LL_HEADER / 2u + 2u];
-  if (take > 3u) v3 = r4[CHI_DEV_LL_HEADER / 2u + 3u];
+  /* Word 1 is written before word 0; its half of the load may still be old. */
+  if (ll_flag(w1) != gen) w1 = chi_port::ll_load8(rec + 1);
+  if (ll_flag(w1) != gen) return CHI_ERR_INTERNAL; /* cannot happen: see above */
   const chi_status_t status = static_cast<chi_status_t>(ll_data(w0));
-  const uint32_t osize = hv.z; /* word 1: {output size, generation} */
-  if (hv.w != gen) return CHI_ERR_INTERNAL; /* cannot happen: the host writes word 1 first */
+  const uint32_t osize = ll_data(w1);
   if (output && osize > output_capacity) {
+    chi_port::st_relaxed_dev(state, (gen << 8) | CHI_DEV_SLOT_SUBMITTED); /* the caller may wait again */
     if (output_size) *output_size = osize;
     return CHI_ERR_TOO_LARGE;
   }
-  uint32_t expect = (gen << 8) | CHI_DEV_SLOT_SUBMITTED;
-  if (!chi_port::cas_relaxed_dev(state, &expect, (gen << 8) | CHI_DEV_SLOT_CLAIMED)) return CHI_ERR_INVALID;
   if (output && osize) {
-    if (osize <= 64u) put_first64(output, osize, v0, v1, v2, v3);
-    else take_reply_output(l, slot, static_cast<uint8_t *>(output), osize);
+    if (osize <= CHI_DEV_REPLY_LL_OUTPUT && ll_flag(x2) == gen && ll_flag(x3) == gen) {
+      const uint4 v = make_uint4(ll_data(x2), ll_data(x3), 0u, 0u);
+      store_bytes16(static_cast<uint8_t *>(output), v, osize);
+    } else if (osize <= 64u) {
+      /* Only the pieces the output needs: each is PCIe bandwidth when
+       * thousands of warps wait. */
+      const uint4 *r4 = reinterpret_cast<const uint4 *>(rec) + CHI_DEV_LL_HEADER / 2u;
+      const uint32_t take = (osize + 15u) / 16u;
+      uint4 v0 = r4[0], v1 = {}, v2 = {}, v3 = {};
+      if (take > 1u) v1 = r4[1];
+      if (take > 2u) v2 = r4[2];
+      if (take > 3u) v3 = r4[3];
+      put_first64(output, osize, v0, v1, v2, v3);
+    } else {
+      take_reply_output(l, slot, static_cast<uint8_t *>(output), osize);
+    }
   }
   if (output_size) *output_size = osize;
   bitmap_free(l->d2h_bitmap, slot); /* the slot stays CLAIMED until reused */

@@ -23,10 +23,15 @@
  * 0..3 are a header, words 4..31 carry up to 112 bytes inline.  Exception,
  * since ABI 6: a GPU->CPU reply (d2h_reply) carries its inline output dense
  * (bytes from word 4 on, no flags), complete once word 0 carries the
- * generation; word 1 is {output size, generation}, written before word 0. */
+ * generation; word 1 is {output size, generation}, written before word 0.
+ * An output of up to CHI_DEV_REPLY_LL_OUTPUT bytes is also in words 2-3 as
+ * LL words, written before word 1, so that a waiter's poll can take it with
+ * the header; a reader that finds them without the generation uses the dense
+ * copy. */
 #define CHI_DEV_LL_WORDS 32u
 #define CHI_DEV_LL_HEADER 4u
 #define CHI_DEV_LL_INLINE 112u
+#define CHI_DEV_REPLY_LL_OUTPUT 8u
 
 /* GPU->GPU slot: this header, then the input at +CHI_DEV_SLOT_HEADER, the output at
  * +CHI_DEV_SLOT_HEADER + payload_stride. */

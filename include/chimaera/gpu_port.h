@@ -124,6 +124,15 @@ CHI_DEVICE void ll_load16(const uint64_t *p, uint64_t *a, uint64_t *b) {
   *a = x;
   *b = y;
 }
+/* Two host-visible words with acquire: later loads see what their writer
+ * stored before either (each 8-byte half single-copy atomic, as ll_load16).
+ * A volatile load issued before it stays in flight beside it. */
+CHI_DEVICE void ll_load16_acquire_sys(const uint64_t *p, uint64_t *a, uint64_t *b) {
+  uint64_t x, y;
+  asm volatile("ld.acquire.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(x), "=l"(y) : "l"(p) : "memory");
+  *a = x;
+  *b = y;
+}
 CHI_DEVICE void ll_store8(uint64_t *p, uint64_t v) {
   asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
@@ -201,6 +210,10 @@ CHI_DEVICE uint64_t ll_load8(const uint64_t *p) {
 }
 CHI_DEVICE void ll_load16(const uint64_t *p, uint64_t *a, uint64_t *b) {
   *a = ll_load8(p);
+  *b = ll_load8(p + 1);
+}
+CHI_DEVICE void ll_load16_acquire_sys(const uint64_t *p, uint64_t *a, uint64_t *b) {
+  *a = __hip_atomic_load(const_cast<uint64_t *>(p), __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM);
   *b = ll_load8(p + 1);
 }
 CHI_DEVICE void ll_store8(uint64_t *p, uint64_t v) {
