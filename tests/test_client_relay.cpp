@@ -82,6 +82,15 @@ chi_status_t reply(const Ring &r, uint32_t slot, void *out, uint32_t *n) {
   *n = ll_data(ll_load(rec + 1));
   if (*n <= CHI_DEV_LL_INLINE) {
     reply_get_inline(rec, out, *n);
+    if (*n > 0 && *n <= CHI_DEV_REPLY_LL_OUTPUT) {
+      // A small output is also in LL words 2-3, which a kernel's poll reads
+      // with the header (device_layout.h): the same bytes, this generation.
+      const uint64_t w2 = ll_load(rec + 2), w3 = ll_load(rec + 3);
+      assert_int_equal(ll_flag(w2), r.gens[slot]);
+      assert_int_equal(ll_flag(w3), r.gens[slot]);
+      uint32_t ll[2] = {ll_data(w2), ll_data(w3)};
+      assert_memory_equal(ll, out, *n);
+    }
   } else {
     memcpy(out, r.l.d2h_buf + uint64_t(slot) * r.l.payload_stride, *n);
   }
