@@ -35,7 +35,7 @@ mkdir -p "$OUT/raw"
 SUMMARY=$OUT/summary.txt
 : >"$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
-ROUNDS=${GPU_AB_ROUNDS:-2}
+ROUNDS=${GPU_AB_ROUNDS:-1}
 JOBS=${JOBS:-16}
 BUDGET=${GPU_AB_BUDGET:-540}
 t_start=$(date +%s)
@@ -104,19 +104,45 @@ done
 note "-- new, last round's stages"
 sed -n '/^gpu->cpu     64/p;/^gpu->cpu      8/p' "$(ls "$OUT"/raw/breakdown-new-*.txt | tail -1)" | tee -a "$SUMMARY"
 
-bench() { # SIDE PAYLOAD
-  enough 60 "chimaera-bench $1 --payload $2" || return
+bench() { # SIDE PAYLOAD TAG [VAR=VALUE ...]
+  local side=$1 p=$2 tag=$3; shift 3
+  enough 45 "chimaera-bench $side --payload $p $*" || return
   local s0; s0=$(date +%s)
-  timeout 110 "$(bin "$1")/src/tools/chimaera-bench" --iters "${GPU_AB_BENCH_ITERS:-20000}" --warmup 2000 \
-    --tput-tasks 100000 --payload "$2" --json-file "$OUT/raw/bench-$1-p$2.json" >"$OUT/raw/bench-$1-p$2.txt" 2>&1
-  note "chimaera-bench $1 --payload $2 rc=$? ($(( $(date +%s) - s0 )) s):"
-  grep -E '^(floor.gpu|floor.cpu_gpu|cpu->gpu0 |cpu->gpu_any pipelined x8|gpu0->)' "$OUT/raw/bench-$1-p$2.txt" |
-    cut -c1-112 | tee -a "$SUMMARY"
+  env "$@" timeout 110 "$(bin "$side")/src/tools/chimaera-bench" --iters "${GPU_AB_BENCH_ITERS:-20000}" --warmup 2000 \
+    --tput-tasks 100000 --payload "$p" --json-file "$OUT/raw/bench-$tag.json" >"$OUT/raw/bench-$tag.txt" 2>&1
+  note "chimaera-bench $side --payload $p $* rc=$? ($(( $(date +%s) - s0 )) s) [$tag]"
+}
+# One line per run: p50 (us) of the latency rows and floors, M tasks/s of the throughput rows.
+rows='floor.gpu_cpu_pingpong|floor.gpu_cpu_calls 1056w|floor.gpu_block_pingpong|floor.cpu_gpu_pingpong|gpu0->cpu|gpu0->local|cpu->gpu0|cpu->gpu_any pipelined x8|gpu0->cpu 1056 warps|gpu0->local 1056 warps|cpu->cpu|cpu->cpu pipelined x16|cpu->cpu batched x16'
+line() { # TAG
+  local f=$OUT/raw/bench-$1.txt out="" r v
+  IFS='|' read -r -a names <<<"$rows"
+  for r in "${names[@]}"; do
+    v=$(awk -v r="$r" '{ n = $0; sub(/ +(floor|latency|throughput|peer) .*/, "", n) } n == r {
+          for (k = 1; k <= NF; k++) if ($k ~ /^(floor|latency|throughput|peer)$/) break
+          print ($k == "throughput" || r ~ /calls/ ? $(k + 6) : $(k + 3)); exit }' "$f" 2>/dev/null)
+    out="$out ${v:--}"
+  done
+  echo "$1:$out"
 }
 note ""
-for p in ${GPU_AB_PAYLOADS-8 64 1024 4096}; do
-  bench new "$p"
-  [ "$p" = 64 ] && bench base 64
+AB_P=${GPU_AB_AB_PAYLOADS-8 64}
+for r in $(seq 1 "${GPU_AB_BENCH_ROUNDS:-3}"); do
+  for p in $AB_P; do
+    bench base "$p" "base-p$p-r$r"
+    bench new "$p" "new-p$p-r$r"
+  done
 done
+for p in ${GPU_AB_PAYLOADS-1024 4096}; do bench new "$p" "new-p$p"; done
+IFS=';' read -r -a vsets <<<"${GPU_AB_VARIANTS-CHI_GPU_POLLERS=8;CHI_GPU_POLLERS=12;CHI_GPU_BLOCKS=8}"
+for v in "${vsets[@]}"; do
+  [ -n "$v" ] || continue
+  read -r -a envs <<<"$v"
+  bench new 64 "new-p64-$(echo "$v" | tr ' =' '_-')" "${envs[@]}"
+done
+note ""
+note "== chimaera-bench, one line per run: p50 us of latency rows and floors, M tasks/s of throughput rows"
+note "columns: $(echo "$rows" | tr '|' ',')"
+for f in "$OUT"/raw/bench-*.txt; do [ -f "$f" ] && note "$(line "$(basename "$f" .txt | sed 's/^bench-//')")"; done
 tar -C "$OUT" -czf "$OUT/ab.tgz" raw && rm -rf "$OUT/raw"
 note "total $(( $(date +%s) - t_start )) s"
