@@ -226,9 +226,11 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
    * (take_reply_output past that). */
   uint32_t *state = l->d2h_state + slot;
   const uint64_t *rec = l->d2h_reply + static_cast<uint64_t>(slot) * CHI_DEV_LL_WORDS;
+  const bool late = (l->flags & CHI_DEV_CTX_WAIT_LATE_CLAIM) != 0u;
   uint32_t expect = (gen << 8) | CHI_DEV_SLOT_SUBMITTED;
-  const bool claimed = chi_port::cas_relaxed_dev(state, &expect, (gen << 8) | CHI_DEV_SLOT_CLAIMED);
-  const bool want_ll = output != nullptr && output_capacity > 0u;
+  const bool claimed = late ? chi_port::ld_relaxed_dev(state) == expect
+                            : chi_port::cas_relaxed_dev(state, &expect, (gen << 8) | CHI_DEV_SLOT_CLAIMED);
+  const bool want_ll = output != nullptr && output_capacity > 0u && !(l->flags & CHI_DEV_CTX_WAIT_NO_LL);
   uint64_t w0, w1, x2 = 0, x3 = 0;
   if (want_ll) chi_port::ll_load16(rec + 2, &x2, &x3);
   chi_port::ll_load16_acquire_sys(rec, &w0, &w1);
@@ -236,7 +238,7 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
   while (ll_flag(w0) != gen) {
     const uint64_t waited = chi_port::timer_ns() - t0;
     if (timeout_ns == 0 || (timeout_ns > 0 && waited >= static_cast<uint64_t>(timeout_ns))) {
-      chi_port::st_relaxed_dev(state, (gen << 8) | CHI_DEV_SLOT_SUBMITTED); /* the future stays valid */
+      if (!late) chi_port::st_relaxed_dev(state, (gen << 8) | CHI_DEV_SLOT_SUBMITTED); /* the future stays valid */
       return CHI_ERR_TIMEOUT;
     }
     wait_pause(waited, spin_ns);
@@ -252,9 +254,13 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
   const chi_status_t status = static_cast<chi_status_t>(ll_data(w0));
   const uint32_t osize = ll_data(w1);
   if (output && osize > output_capacity) {
-    chi_port::st_relaxed_dev(state, (gen << 8) | CHI_DEV_SLOT_SUBMITTED); /* the caller may wait again */
+    if (!late) chi_port::st_relaxed_dev(state, (gen << 8) | CHI_DEV_SLOT_SUBMITTED); /* the caller may wait again */
     if (output_size) *output_size = osize;
     return CHI_ERR_TOO_LARGE;
+  }
+  if (late) {
+    expect = (gen << 8) | CHI_DEV_SLOT_SUBMITTED;
+    if (!chi_port::cas_relaxed_dev(state, &expect, (gen << 8) | CHI_DEV_SLOT_CLAIMED)) return CHI_ERR_INVALID;
   }
   if (output && osize) {
     if (osize <= CHI_DEV_REPLY_LL_OUTPUT && ll_flag(x2) == gen && ll_flag(x3) == gen) {

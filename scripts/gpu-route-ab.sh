@@ -53,7 +53,8 @@ cfg() { # SRC BUILD
   PKG_CONFIG_SYSROOT_DIR=/opt/deps cmake -S "$1" -B "$2" -G Ninja -DCHI_ENABLE_CUDA=ON -DCHI_CUDA_ARCHITECTURES=90 \
     -DCMAKE_CUDA_STANDARD=17 -DCMAKE_BUILD_TYPE=RelWithDebInfo
 }
-targets="chimaera-bench gpu_timing gpu_breakdown"
+REPEAT=${GPU_AB_REPEAT:-}  # TEST:N: run that test binary N times on each build, in turns
+targets="chimaera-bench gpu_timing gpu_breakdown${REPEAT:+ ${REPEAT%%:*}}"
 t0=$(date +%s)
 if [ ! -x build-gpu/tests/gpu_breakdown ]; then
   GPU_RUN_STEPS=build OUT=$OUT/new-build bash scripts/gpu-run.sh >/dev/null 2>&1 ||
@@ -73,6 +74,21 @@ if [ "${GPU_AB_CTEST:-1}" = 1 ] && enough 120 "ctest -L gpu"; then
   (cd build-gpu && timeout 200 ctest -L gpu --output-on-failure) >"$OUT/raw/ctest-L-gpu.log" 2>&1
   note "ctest -L gpu, new build ($(( $(date +%s) - s0 )) s):"
   grep -E "tests passed|tests failed|\*\*\*Failed|\*\*\*Timeout|\(Failed\)" "$OUT/raw/ctest-L-gpu.log" | tee -a "$SUMMARY"
+fi
+
+if [ -n "$REPEAT" ]; then
+  t=${REPEAT%%:*} n=${REPEAT##*:}
+  declare -A fails=([base]=0 [new]=0)
+  for i in $(seq 1 "$n"); do
+    for side in base new; do
+      enough 40 "$t run $i $side" || break 2
+      if ! (cd "$(bin $side)/tests" && timeout 60 "./$t") >"$OUT/raw/repeat-$t-$side-$i.txt" 2>&1; then
+        fails[$side]=$(( ${fails[$side]} + 1 ))
+      fi
+    done
+  done
+  note "$t, $n runs each: base failed ${fails[base]}, new failed ${fails[new]}"
+  grep -h "FAILED  \]\|AGAIN [1-9]" "$OUT"/raw/repeat-$t-*.txt | sort | uniq -c | head -20 | tee -a "$SUMMARY"
 fi
 
 # Turns: base, new, base, new ...
@@ -127,10 +143,17 @@ line() { # TAG
 }
 note ""
 AB_P=${GPU_AB_AB_PAYLOADS-8 64}
+# Settings of the new build that take their turn beside base and new.
+IFS=';' read -r -a tsets <<<"${GPU_AB_TURN_VARIANTS-}"
 for r in $(seq 1 "${GPU_AB_BENCH_ROUNDS:-3}"); do
   for p in $AB_P; do
     bench base "$p" "base-p$p-r$r"
     bench new "$p" "new-p$p-r$r"
+    for v in "${tsets[@]}"; do
+      [ -n "$v" ] || continue
+      read -r -a envs <<<"$v"
+      bench new "$p" "new-$(echo "$v" | tr ' =' '_-')-p$p-r$r" "${envs[@]}"
+    done
   done
 done
 for p in ${GPU_AB_PAYLOADS-1024 4096}; do bench new "$p" "new-p$p"; done
