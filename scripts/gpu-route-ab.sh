@@ -10,6 +10,8 @@
 # table's "before").  Results go to $OUT: summary.txt, ab.tgz with the raw runs.
 #
 #   here:    scripts/gpu-route-ab.sh prepare f0b0d93
+#            scripts/gpu-route-ab.sh prepare-new   (optional: the new side
+#            from HEAD's tarball instead of the working tree)
 #   device:  run(command="bash scripts/gpu-route-ab.sh", carry=[".devdeps", "build-abtrees"])
 #
 # Environment: GPU_AB_ROUNDS (default 2), GPU_AB_PAYLOADS (default
@@ -21,6 +23,13 @@ set -u -o pipefail
 cd "$(dirname "$0")/.."
 trees=build-abtrees
 
+if [ "${1:-}" = prepare-new ]; then
+  mkdir -p "$trees"
+  git archive --format=tar.gz -o "$trees/new.tar.gz" HEAD || exit 1
+  git log -1 --format='%h %s' HEAD >"$trees/new.txt"
+  echo "$trees/new.tar.gz: $(cut -c1-100 "$trees/new.txt")"
+  exit 0
+fi
 if [ "${1:-}" = prepare ]; then
   ref=${2:-HEAD}
   mkdir -p "$trees"
@@ -56,7 +65,17 @@ cfg() { # SRC BUILD
 REPEAT=${GPU_AB_REPEAT:-}  # TEST:N: run that test binary N times on each build, in turns
 targets="chimaera-bench gpu_timing gpu_breakdown${REPEAT:+ ${REPEAT%%:*}}"
 t0=$(date +%s)
-if [ ! -x build-gpu/tests/gpu_breakdown ]; then
+NEW=build-gpu
+if [ -f "$trees/new.tar.gz" ]; then
+  # The new side from a tarball too (`prepare-new` here): a committed state,
+  # whatever else the working tree holds.
+  NEW=/tmp/chi-ab-new-build
+  note "new:  $(cat "$trees/new.txt" 2>/dev/null | cut -c1-100) (tarball)"
+  rm -rf /tmp/chi-ab-new && mkdir -p /tmp/chi-ab-new && tar -xzf "$trees/new.tar.gz" -C /tmp/chi-ab-new
+  if ! { cfg /tmp/chi-ab-new "$NEW" && cmake --build "$NEW" -j "$JOBS"; } >"$OUT/raw/new-build.log" 2>&1; then
+    note "new build FAILED"; tail -30 "$OUT/raw/new-build.log" | tee -a "$SUMMARY"; exit 1
+  fi
+elif [ ! -x build-gpu/tests/gpu_breakdown ]; then
   GPU_RUN_STEPS=build OUT=$OUT/new-build bash scripts/gpu-run.sh >/dev/null 2>&1 ||
     { note "new build FAILED"; tail -30 "$OUT/new-build/build.log" | tee -a "$SUMMARY"; exit 1; }
 fi
@@ -67,11 +86,11 @@ if ! { cfg "$base_src" /tmp/chi-ab-base-build && cmake --build /tmp/chi-ab-base-
   note "base build FAILED"; tail -30 "$OUT/raw/base-build.log" | tee -a "$SUMMARY"; exit 1
 fi
 note "builds: $(( $(date +%s) - t0 )) s"
-bin() { [ "$1" = base ] && echo /tmp/chi-ab-base-build || echo build-gpu; }
+bin() { [ "$1" = base ] && echo /tmp/chi-ab-base-build || echo "$NEW"; }
 
 if [ "${GPU_AB_CTEST:-1}" = 1 ] && enough 120 "ctest -L gpu"; then
   s0=$(date +%s)
-  (cd build-gpu && timeout 200 ctest -L gpu --output-on-failure) >"$OUT/raw/ctest-L-gpu.log" 2>&1
+  (cd "$NEW" && timeout 200 ctest -L gpu --output-on-failure) >"$OUT/raw/ctest-L-gpu.log" 2>&1
   note "ctest -L gpu, new build ($(( $(date +%s) - s0 )) s):"
   grep -E "tests passed|tests failed|\*\*\*Failed|\*\*\*Timeout|\(Failed\)" "$OUT/raw/ctest-L-gpu.log" | tee -a "$SUMMARY"
 fi
