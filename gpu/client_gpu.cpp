@@ -144,7 +144,7 @@ class RelayGpu final : public ClientGpu, public D2hRelay {
   void run(const D2hCarve &c, uint8_t *pinned_dev) {
     std::memset(&layout_, 0, sizeof layout_);
     fill_d2h_layout(shape_, c, pinned_dev, dev_, id_, ngpus_, &layout_);
-    layout_.flags |= CHI_DEV_CTX_RELAY;
+    layout_.flags = CHI_DEV_CTX_RELAY;
     layout_.lease_us = 0;  // no orchestrator here: nothing steps aside
     const bool bufs = shape_.max_payload > CHI_DEV_LL_INLINE;
     poller_ = std::make_unique<CpuPoller>(local_, id_, shape_, reinterpret_cast<uint64_t *>(pinned_ + c.ring),

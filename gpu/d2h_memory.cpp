@@ -34,7 +34,7 @@ void fill_d2h_layout(const Shape &s, const D2hCarve &c, uint8_t *pinned_dev, uin
   l->regions = reinterpret_cast<chi_dev_regions_t *>(dev + c.regions);
   l->d2h_ring_entries = s.d2h_ring_entries;
   l->wait_spin_ns = s.wait_spin_ns;
-  l->flags = s.wait_flags;
+  l->flags = 0;
   l->submit_timeout_us = s.submit_timeout_us;
   l->d2h_released = reinterpret_cast<uint32_t *>(dev + c.released);
   l->wait_line = reinterpret_cast<uint64_t *>(dev + c.wait_line);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 #include <thread>
 
 #include "chimaera/config.h"
@@ -81,11 +80,6 @@ Shape make_shape(const Config &cfg, int sm_count) {
   s.cpu_pollers = cpu_pollers();
   s.d2h_ring_entries = s.dslots * s.cpu_pollers;
   s.wait_spin_ns = wait_spin_ns();
-  // Measurement knobs for A/B runs of chi_dev_wait's GPU->CPU path (gpu-route-ab.sh).
-  if (const char *e = std::getenv("CHI_GPU_WAIT_NO_LL"); e && std::strcmp(e, "1") == 0)
-    s.wait_flags |= CHI_DEV_CTX_WAIT_NO_LL;
-  if (const char *e = std::getenv("CHI_GPU_WAIT_LATE_CLAIM"); e && std::strcmp(e, "1") == 0)
-    s.wait_flags |= CHI_DEV_CTX_WAIT_LATE_CLAIM;
   s.submit_timeout_us = cfg.gpu.device_submit_timeout_us;
   s.max_payload = cfg.gpu.max_payload;
   s.lease_ns = uint64_t(cfg.gpu.lease_us) * 1000;

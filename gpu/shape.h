@@ -16,7 +16,6 @@ struct Shape {
   uint32_t cpu_pollers = 0;       // CPU threads serving GPU->CPU tasks
   uint32_t d2h_ring_entries = 0;  // dslots x cpu_pollers
   uint32_t wait_spin_ns = 0;      // chi_dev_wait polls without a pause this long
-  uint32_t wait_flags = 0;        // CHI_DEV_CTX_WAIT_* measurement knobs
   uint32_t submit_timeout_us = 0; // chi_dev_submit waits this long for a slot (gpu.device_submit_timeout_us)
   uint32_t max_payload = 0;       // gpu.max_payload
   uint64_t payload_stride = 0;    // bytes per payload buffer

@@ -217,20 +217,20 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
    * claim (a device-memory atomic) is then in flight beside the first poll
    * instead of after the reply, and is undone on a timeout or a buffer too
    * small.  A poll is one round trip over PCIe: an acquire load of header
-   * words 0-1 ({status, gen}, {output size, gen}) and, issued just before it
-   * while the wait is young, a volatile load of words 2-3, which carry an
-   * output of up to CHI_DEV_REPLY_LL_OUTPUT bytes as LL words.  Such a reply
-   * is complete when the poll sees it.  A larger one (or a small one whose
-   * words 2-3 that load missed) is read after the acquire with plain loads,
-   * all in flight at once: one more round trip up to 64 bytes
+   * words 0-1 ({status, gen}, {output size, gen}).  When the buffer takes at
+   * most CHI_DEV_REPLY_LL_OUTPUT bytes, a volatile load of words 2-3, which
+   * carry such an output as LL words, is issued just before it while the
+   * wait is young, and the reply is complete when the poll sees it.  With a
+   * larger buffer the poll stays one load: on an H100 the pair made every
+   * wait for a 64-byte result about 1 us slower (docs/performance.md).  An
+   * output that the poll did not bring is read after the acquire with plain
+   * loads, all in flight at once: one more round trip up to 64 bytes
    * (take_reply_output past that). */
   uint32_t *state = l->d2h_state + slot;
   const uint64_t *rec = l->d2h_reply + static_cast<uint64_t>(slot) * CHI_DEV_LL_WORDS;
-  const bool late = (l->flags & CHI_DEV_CTX_WAIT_LATE_CLAIM) != 0u;
   uint32_t expect = (gen << 8) | CHI_DEV_SLOT_SUBMITTED;
-  const bool claimed = late ? chi_port::ld_relaxed_dev(state) == expect
-                            : chi_port::cas_relaxed_dev(state, &expect, (gen << 8) | CHI_DEV_SLOT_CLAIMED);
-  const bool want_ll = output != nullptr && output_capacity > 0u && !(l->flags & CHI_DEV_CTX_WAIT_NO_LL);
+  const bool claimed = chi_port::cas_relaxed_dev(state, &expect, (gen << 8) | CHI_DEV_SLOT_CLAIMED);
+  const bool want_ll = output != nullptr && output_capacity > 0u && output_capacity <= CHI_DEV_REPLY_LL_OUTPUT;
   uint64_t w0, w1, x2 = 0, x3 = 0;
   if (want_ll) chi_port::ll_load16(rec + 2, &x2, &x3);
   chi_port::ll_load16_acquire_sys(rec, &w0, &w1);
@@ -238,7 +238,7 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
   while (ll_flag(w0) != gen) {
     const uint64_t waited = chi_port::timer_ns() - t0;
     if (timeout_ns == 0 || (timeout_ns > 0 && waited >= static_cast<uint64_t>(timeout_ns))) {
-      if (!late) chi_port::st_relaxed_dev(state, (gen << 8) | CHI_DEV_SLOT_SUBMITTED); /* the future stays valid */
+      chi_port::st_relaxed_dev(state, (gen << 8) | CHI_DEV_SLOT_SUBMITTED); /* the future stays valid */
       return CHI_ERR_TIMEOUT;
     }
     wait_pause(waited, spin_ns);
@@ -250,17 +250,16 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
   }
   /* Word 1 is written before word 0; its half of the load may still be old. */
   if (ll_flag(w1) != gen) w1 = chi_port::ll_load8(rec + 1);
-  if (ll_flag(w1) != gen) return CHI_ERR_INTERNAL; /* cannot happen: see above */
+  if (ll_flag(w1) != gen) { /* cannot happen: see above */
+    bitmap_free(l->d2h_bitmap, slot);
+    return CHI_ERR_INTERNAL;
+  }
   const chi_status_t status = static_cast<chi_status_t>(ll_data(w0));
   const uint32_t osize = ll_data(w1);
   if (output && osize > output_capacity) {
-    if (!late) chi_port::st_relaxed_dev(state, (gen << 8) | CHI_DEV_SLOT_SUBMITTED); /* the caller may wait again */
+    chi_port::st_relaxed_dev(state, (gen << 8) | CHI_DEV_SLOT_SUBMITTED); /* the caller may wait again */
     if (output_size) *output_size = osize;
     return CHI_ERR_TOO_LARGE;
-  }
-  if (late) {
-    expect = (gen << 8) | CHI_DEV_SLOT_SUBMITTED;
-    if (!chi_port::cas_relaxed_dev(state, &expect, (gen << 8) | CHI_DEV_SLOT_CLAIMED)) return CHI_ERR_INVALID;
   }
   if (output && osize) {
     if (osize <= CHI_DEV_REPLY_LL_OUTPUT && ll_flag(x2) == gen && ll_flag(x3) == gen) {

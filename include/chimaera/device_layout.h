@@ -58,11 +58,6 @@ typedef struct chi_dev_slot_header {
  * orchestrator in the process, so every route goes through the GPU->CPU ring
  * and the client's relay forwards it; d2d_* and gate are NULL. */
 #define CHI_DEV_CTX_RELAY 2u
-/* Measurement knobs of chi_dev_wait's GPU->CPU path (CHI_GPU_WAIT_NO_LL,
- * CHI_GPU_WAIT_LATE_CLAIM in the environment): no LL output words in the
- * poll; the claim after the reply instead of beside the first poll. */
-#define CHI_DEV_CTX_WAIT_NO_LL 4u
-#define CHI_DEV_CTX_WAIT_LATE_CLAIM 8u
 
 /* GPU->CPU ring entry, header word 2: the slot in the low 24 bits; in a
  * relay context the route, plus CHI_DEV_ROUTE_BIAS, in the high 8 (0 in a

@@ -23,22 +23,23 @@ static double now_us(void) {
   return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }
 
-/* One thread: n round trips over `route`, each timed with %globaltimer (ns);
- * sub[i]: the chi_dev_submit part. */
+/* One thread: n round trips over `route` of `bytes` (<= 64) into a buffer of
+ * `cap` bytes, each timed with %globaltimer (ns); sub[i]: the chi_dev_submit
+ * part. */
 __global__ void k_latency(chi_dev_context_t ctx, chi_route_t route, uint32_t n, uint32_t *ns,
-                          uint32_t *sub, int32_t *bad) {
+                          uint32_t *sub, int32_t *bad, uint32_t bytes = 64, uint32_t cap = 64) {
   uint8_t in[64], out[64];
   for (int i = 0; i < 64; ++i) in[i] = (uint8_t)i;
   for (uint32_t i = 0; i < n; ++i) {
     uint64_t t0 = chi_port::timer_ns();
     chi_future_t f;
     uint32_t osz = 0;
-    chi_status_t s = chi_dev_submit(&ctx, route, CHI_METHOD_ECHO, in, 64, &f);
+    chi_status_t s = chi_dev_submit(&ctx, route, CHI_METHOD_ECHO, in, bytes, &f);
     uint64_t t1 = chi_port::timer_ns();
-    if (s == CHI_OK) s = chi_dev_wait(&ctx, f, 10000000000ll, out, 64, &osz);
+    if (s == CHI_OK) s = chi_dev_wait(&ctx, f, 10000000000ll, out, cap, &osz);
     ns[i] = (uint32_t)(chi_port::timer_ns() - t0);
     sub[i] = (uint32_t)(t1 - t0);
-    if (s != CHI_OK || osz != 64 || out[63] != 63) atomicAdd(bad, 1);
+    if (s != CHI_OK || osz != bytes || out[bytes - 1] != bytes - 1) atomicAdd(bad, 1);
   }
 }
 
@@ -165,6 +166,18 @@ int main(int argc, char **argv) {
     }
     report(names[r], us);
     report("  of which chi_dev_submit", sus);
+  }
+  /* GPU->CPU with an 8-byte result: into a buffer of 8 bytes, whose poll
+   * also reads the result (chi_dev_wait), and into one of 64. */
+  for (uint32_t cap : {8u, 64u}) {
+    if (!lat) break;
+    k_latency<<<1, 1, 0, st>>>(ctx, CHI_ROUTE_CPU, n / 10, d_ns, d_sub, bad, 8, cap);
+    k_latency<<<1, 1, 0, st>>>(ctx, CHI_ROUTE_CPU, n, d_ns, d_sub, bad, 8, cap);
+    cudaMemcpyAsync(ns, d_ns, n * sizeof(uint32_t), cudaMemcpyDeviceToHost, st);
+    if (cudaStreamSynchronize(st) != cudaSuccess) return 1;
+    std::vector<double> us(n);
+    for (uint32_t i = 0; i < n; ++i) us[i] = ns[i] / 1000.0;
+    report(cap == 8 ? "GPU->CPU 8 B, 8-byte buffer" : "GPU->CPU 8 B, 64-byte buffer", us);
   }
   /* Throughput: many warps on the device (per-thread calls, then the
    * warp-collective ones), 8 threads on the host.  ~1M tasks per row at
