@@ -26,11 +26,12 @@ uint32_t cpu_pollers() {
     if (v >= 1 && v <= 16) return floor_pow2(uint32_t(v));
     log(LogLevel::kWarn, "CHI_GPU_POLLERS=%s ignored (1..16)", e);
   }
-  // Measured on an H100 host with 16 hardware threads (1056 warps x 4
-  // lanes of GPU->CPU echo): 2 pollers 5.1-7.3, 4 pollers 7.7-9.0, 8 pollers
-  // 6.8-7.8 M tasks/s; latency does not depend on it.
+  // Measured on an H100 host with 16 hardware threads, chimaera-bench's
+  // "gpu0->cpu 1056 warps" row at 64 bytes (2026-11-27, docs/performance.md):
+  // 4 pollers 15-22, 8 pollers 41, 12 (8 in effect) 39 M tasks/s; latency
+  // does not depend on it, and idle pollers park, all but one asleep.
   const unsigned hw = std::thread::hardware_concurrency();
-  return hw >= 16 ? 4 : hw >= 8 ? 2 : 1;
+  return hw >= 16 ? 8 : hw >= 8 ? 2 : 1;
 }
 
 // How long chi_dev_wait polls before it starts to nap.  CHI_GPU_WAIT_SPIN_NS

@@ -63,7 +63,7 @@ cfg() { # SRC BUILD
     -DCMAKE_CUDA_STANDARD=17 -DCMAKE_BUILD_TYPE=RelWithDebInfo
 }
 REPEAT=${GPU_AB_REPEAT:-}  # TEST:N: run that test binary N times on each build, in turns
-targets="chimaera-bench gpu_timing gpu_breakdown${REPEAT:+ ${REPEAT%%:*}}"
+targets="chimaera-bench gpu_timing gpu_breakdown chimaera-gpu-idle${REPEAT:+ ${REPEAT%%:*}}"
 t0=$(date +%s)
 NEW=build-gpu
 if [ -f "$trees/new.tar.gz" ]; then
@@ -182,6 +182,17 @@ for v in "${vsets[@]}"; do
   read -r -a envs <<<"$v"
   bench new 64 "new-p64-$(echo "$v" | tr ' =' '_-')" "${envs[@]}"
 done
+if [ "${GPU_AB_IDLE:-0}" = 1 ]; then
+  # An idle embedded runtime of each build: CPU over 5 s and the first
+  # GPU->CPU task after 1 s of quiet (chimaera-gpu-idle, as gpu-idle-ab.sh).
+  for side in base new; do
+    enough 30 "idle $side" || break
+    timeout 60 "$(bin $side)/src/tools/chimaera-gpu-idle" --idle-s 5 --samples 10 --gap-ms 1000 \
+      >"$OUT/raw/idle-$side.txt" 2>&1
+    note "idle $side rc=$?: $(grep -h "^RESULT" "$OUT/raw/idle-$side.txt" | head -1)"
+    grep -h "chi-gpu-poll\|idle CPU over" "$OUT/raw/idle-$side.txt" | head -10 | tee -a "$SUMMARY"
+  done
+fi
 note ""
 note "== chimaera-bench, one line per run: p50 us of latency rows and floors, M tasks/s of throughput rows"
 note "columns: $(echo "$rows" | tr '|' ',')"
