@@ -255,6 +255,88 @@ CHI_API chi_status_t chi_test(chi_runtime_t *rt, chi_future_t future, int *done)
  * Thread safety: safe. */
 CHI_API chi_status_t chi_release(chi_runtime_t *rt, chi_future_t future);
 
+/* --------------------------------------------------------------- batches */
+
+/* The most tasks (futures) one chi_submit_batch (chi_wait_batch) call takes. */
+#define CHI_BATCH_MAX 1048576
+
+/* One task of a batch (chi_submit_batch): the arguments chi_submit takes. */
+typedef struct chi_task_desc {
+  chi_method_t method;
+  const void *input; /* input_size bytes, copied; may be NULL when input_size is 0 */
+  size_t input_size;
+} chi_task_desc_t;
+
+/* Submits n tasks on one route, in order, as n calls of chi_submit would.
+ *   route      as chi_submit.
+ *   tasks      [in] n task descriptions; may be NULL when n is 0.
+ *   n          0..CHI_BATCH_MAX.
+ *   futures    [out] n futures: futures[i] is task i's; may be NULL when n is 0.
+ *   submitted  [out] the number of tasks queued (may be NULL).
+ * Stops at the first task that cannot be queued and returns its status:
+ * tasks [0, *submitted) are queued and their futures valid (each consumed as
+ * chi_submit's), futures[*submitted .. n-1] are set to 0 and those tasks
+ * never run.  The message (chi_last_error_message) names the task's index.
+ * On CHI_ROUTE_CPU / CHI_ROUTE_LOCAL from host code of an embedded runtime
+ * the tasks take their slots and join the run queues in groups, with one
+ * wake-up decision per group; other routes and client runtimes submit them
+ * one at a time inside the library (the same results, without the saving).
+ * Returns CHI_OK (all n queued; also for n == 0), CHI_ERR_INVALID (NULL rt,
+ * NULL tasks or futures with n > 0, n over CHI_BATCH_MAX: nothing queued;
+ * or a task with method 0 or NULL input with a size), and for a task every
+ * other status of chi_submit (CHI_ERR_NOT_FOUND, CHI_ERR_TOO_LARGE,
+ * CHI_ERR_AGAIN, CHI_ERR_NOMEM, CHI_ERR_NO_DEVICE, CHI_ERR_SHUTDOWN, ...).
+ * In the non-blocking submit mode (or from a handler) a batch larger than the
+ * free slots gives CHI_ERR_AGAIN with *submitted < n; in the blocking mode
+ * the tasks already queued run while the call waits for more slots.
+ * Ownership: as chi_submit, for each of the *submitted futures.
+ * Thread safety: safe from any thread, handlers included. */
+CHI_API chi_status_t chi_submit_batch(chi_runtime_t *rt, chi_route_t route,
+                                      const chi_task_desc_t *tasks, size_t n,
+                                      chi_future_t *futures, size_t *submitted);
+
+/* Where one future's result goes (chi_wait_batch). */
+typedef struct chi_task_result {
+  void *output;           /* [in] buffer for the output, or NULL to discard it */
+  size_t output_capacity; /* [in] size of output in bytes                     */
+  size_t output_size;     /* [out] bytes of output (or bytes needed)           */
+  chi_status_t status;    /* [out] the task's status, as chi_wait returns it   */
+} chi_task_result_t;
+
+/* Waits for n tasks, in order, and takes their results.
+ *   futures    [in] n futures (from chi_submit or chi_submit_batch, of any
+ *              route); may be NULL when n is 0.
+ *   n          0..CHI_BATCH_MAX.
+ *   timeout_ns bounds the whole call: < 0 forever; 0 poll each future once;
+ *              > 0 at most that long in all.
+ *   results    [in/out] n results: results[i] gives future i's buffer and
+ *              receives its status and output size.
+ *   done       [out] futures whose result was taken (may be NULL).
+ * Takes the results in order.  A task's own status (CHI_OK, a library status
+ * or a handler's code, as chi_wait would return it) goes to results[i].status
+ * and consumes futures[i]; the call goes on with the next.  It stops at the
+ * first future that gives no result and returns why, with *done its index:
+ *   CHI_ERR_TIMEOUT    the task did not finish in time;
+ *   CHI_ERR_TOO_LARGE  results[*done].output is non-NULL and too small:
+ *                      results[*done].output_size says the size needed;
+ *   CHI_ERR_DISCONNECTED  client runtime, the server is gone;
+ *   CHI_ERR_INVALID    futures[*done] is 0, stale (consumed or released),
+ *                      of another runtime or never issued.
+ * results[*done].status then holds that status too.  futures[*done] and every
+ * later future are left as they were (still valid unless stale), and the
+ * later results untouched; futures [0, *done) are consumed.
+ * Returns CHI_OK when all n results were taken (whatever their statuses; also
+ * for n == 0), the stop status above, or CHI_ERR_INVALID with nothing taken
+ * for NULL rt, NULL futures or results with n > 0, n over CHI_BATCH_MAX.
+ * Embedded CPU futures are taken with one slot hand-back per group of
+ * results; other futures one at a time inside the library.
+ * Thread safety: safe; one future is consumed by exactly one caller (as
+ * chi_wait), so a future waited on by another thread meanwhile may stop the
+ * batch with CHI_ERR_INVALID. */
+CHI_API chi_status_t chi_wait_batch(chi_runtime_t *rt, const chi_future_t *futures, size_t n,
+                                    int64_t timeout_ns, chi_task_result_t *results,
+                                    size_t *done);
+
 /* ------------------------------------------------------------------ modules */
 
 /* Loads a shared object and calls its exported

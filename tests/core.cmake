@@ -1,6 +1,7 @@
 # Core runtime on CPU routes, and the install-consumer test.
 
 chi_add_test(test_api SOURCES test_api.c TIMEOUT 120 LABELS core)
+chi_add_test(test_batch SOURCES test_batch.c TIMEOUT 120 LABELS core)
 chi_add_test(test_concurrency SOURCES test_concurrency.c TIMEOUT 300 LABELS core)
 chi_add_test(test_finalize SOURCES test_finalize.c TIMEOUT 120 LABELS core)
 chi_add_test(test_memory SOURCES test_memory.c TIMEOUT 120 LABELS core)
@@ -21,7 +22,7 @@ target_compile_definitions(test_modules PRIVATE
 
 # ThreadSanitizer slows the threaded programs down about tenfold: fewer
 # iterations keep them at seconds.  ASan+UBSan runs them at full size.
-set(chi_core_tests test_api test_concurrency test_finalize test_memory test_modules)
+set(chi_core_tests test_api test_batch test_concurrency test_finalize test_memory test_modules)
 set(chi_consumer_flags "")
 if(CHI_SANITIZE STREQUAL "thread")
   set_tests_properties(${chi_core_tests} PROPERTIES ENVIRONMENT "CHI_TEST_SCALE=0.5")

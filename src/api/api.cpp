@@ -14,6 +14,7 @@
 #include "base/log.h"
 #include "chimaera.h"
 #include "client/client.h"
+#include "core/futex.h"
 #include "core/runtime.h"
 #include "server/server.h"
 
@@ -255,8 +256,10 @@ CHI_API chi_status_t chi_method_lookup(chi_runtime_t *rt, const char *name, chi_
 
 namespace {
 
-chi_status_t engine_submit(chi::Runtime *e, chi_route_t route, chi_method_t method,
-                           const void *input, size_t input_size, chi_future_t *future) {
+// The checks of one task that do not depend on the route.
+chi_status_t check_task(chi::Runtime *e, chi_method_t method, const void *input, size_t input_size) {
+  if (!input && input_size)
+    return set_error(CHI_ERR_INVALID, "input is NULL but input_size is %zu", input_size);
   if (method == 0) return set_error(CHI_ERR_INVALID, "method 0 is never a valid method id");
   if (!e->registry().get(method)) {
     // Ids are unique among live runtimes: another runtime's id is refused
@@ -265,12 +268,23 @@ chi_status_t engine_submit(chi::Runtime *e, chi_route_t route, chi_method_t meth
       return set_error(CHI_ERR_NOT_FOUND, "method %u is a method of another runtime", method);
     return set_error(CHI_ERR_NOT_FOUND, "method %u was never registered on this runtime", method);
   }
-  // Handlers still drain during chi_finalize and may submit follow-up work.
-  if (e->stopping() && !e->cpu().on_worker_thread())
-    return set_error(CHI_ERR_SHUTDOWN, "runtime is shutting down");
   if (input_size > e->config().max_inline_payload)
     return set_error(CHI_ERR_TOO_LARGE, "input of %zu bytes over max_inline_payload %u", input_size,
                      e->config().max_inline_payload);
+  return CHI_OK;
+}
+
+// Handlers still drain during chi_finalize and may submit follow-up work.
+chi_status_t check_not_stopping(chi::Runtime *e) {
+  if (e->stopping() && !e->cpu().on_worker_thread())
+    return set_error(CHI_ERR_SHUTDOWN, "runtime is shutting down");
+  return CHI_OK;
+}
+
+chi_status_t engine_submit(chi::Runtime *e, chi_route_t route, chi_method_t method,
+                           const void *input, size_t input_size, chi_future_t *future) {
+  if (chi_status_t s = check_task(e, method, input, input_size); s != CHI_OK) return s;
+  if (chi_status_t s = check_not_stopping(e); s != CHI_OK) return s;
   chi::Executor *exec;
   uint32_t pool;
   if (chi_status_t s = e->route_executor(route, &exec, &pool); s != CHI_OK) return s;
@@ -278,6 +292,55 @@ chi_status_t engine_submit(chi::Runtime *e, chi_route_t route, chi_method_t meth
   if (chi_status_t s = exec->submit(method, input, input_size, &slot, &gen); s != CHI_OK) return s;
   if (pool != chi::kCpuPool) e->stats(CHI_STATS_GPU).submitted();
   *future = chi::encode_future(e->tag(), pool, gen, slot);
+  return CHI_OK;
+}
+
+// chi_submit past the checks of its handle and future.
+chi_status_t submit_one(chi_runtime_t *rt, chi_route_t route, chi_method_t method, const void *input,
+                        size_t input_size, chi_future_t *future) {
+  if (!input && input_size)
+    return set_error(CHI_ERR_INVALID, "input is NULL but input_size is %zu", input_size);
+  if (rt->engine) return engine_submit(rt->engine, route, method, input, input_size, future);
+  if (!(method & chi::kLocalMethodBit)) return rt->client->submit(route, method, input, input_size, future);
+  // One of this client's own handlers: it runs here, on the local pool.
+  chi::Runtime *l = rt->client->local_if_any();
+  if (!l) return set_error(CHI_ERR_NOT_FOUND, "method %#x was never registered", method);
+  if (route != CHI_ROUTE_CPU && route != CHI_ROUTE_LOCAL)
+    return set_error(CHI_ERR_NOT_FOUND,
+                     "method %#x is a handler of this client process: only CHI_ROUTE_CPU runs it",
+                     method);
+  return engine_submit(l, route, method & ~chi::kLocalMethodBit, input, input_size, future);
+}
+
+// chi_submit_batch on an embedded runtime's CPU pool: every task is checked
+// first, then the good prefix is queued in chunks; the first bad task's
+// status comes after them, as a loop of chi_submit would return it.
+chi_status_t engine_submit_batch(chi::Runtime *e, const chi_task_desc_t *tasks, size_t n,
+                                 chi_future_t *futures, size_t *sent) {
+  *sent = 0;
+  if (chi_status_t s = check_not_stopping(e); s != CHI_OK) return s;
+  size_t good = 0;
+  chi_status_t bad = CHI_OK;
+  for (; good < n; ++good)
+    if ((bad = check_task(e, tasks[good].method, tasks[good].input, tasks[good].input_size)) != CHI_OK) break;
+  if (chi_status_t s = e->cpu().submit_batch(tasks, good, e->tag(), futures, sent); s != CHI_OK) return s;
+  // Queueing may have left a message of its own: say again why task `good` failed.
+  if (bad != CHI_OK) return check_task(e, tasks[good].method, tasks[good].input, tasks[good].input_size);
+  return CHI_OK;
+}
+
+// The status s, its message prefixed with the array element it is about.
+chi_status_t at_index(chi_status_t s, const char *array, size_t i) {
+  const std::string why = chi::last_error();
+  return set_error(s, "%s[%zu]: %s", array, i, why.c_str());
+}
+
+chi_status_t check_batch(size_t n, const void *in, const char *in_name, const void *out,
+                         const char *out_name) {
+  if (n > CHI_BATCH_MAX)
+    return set_error(CHI_ERR_INVALID, "batch of %zu over CHI_BATCH_MAX (%d)", n, CHI_BATCH_MAX);
+  if (n && !in) return set_error(CHI_ERR_INVALID, "argument '%s' is NULL with n = %zu", in_name, n);
+  if (n && !out) return set_error(CHI_ERR_INVALID, "argument '%s' is NULL with n = %zu", out_name, n);
   return CHI_OK;
 }
 
@@ -289,19 +352,33 @@ CHI_API chi_status_t chi_submit(chi_runtime_t *rt, chi_route_t route, chi_method
     CHI_HANDLE(rt);
     CHI_NONNULL(future);
     *future = 0;
-    if (!input && input_size)
-      return set_error(CHI_ERR_INVALID, "input is NULL but input_size is %zu", input_size);
-    if (rt->engine) return engine_submit(rt->engine, route, method, input, input_size, future);
-    if (!(method & chi::kLocalMethodBit))
-      return rt->client->submit(route, method, input, input_size, future);
-    // One of this client's own handlers: it runs here, on the local pool.
-    chi::Runtime *l = rt->client->local_if_any();
-    if (!l) return set_error(CHI_ERR_NOT_FOUND, "method %#x was never registered", method);
-    if (route != CHI_ROUTE_CPU && route != CHI_ROUTE_LOCAL)
-      return set_error(CHI_ERR_NOT_FOUND,
-                       "method %#x is a handler of this client process: only CHI_ROUTE_CPU runs it",
-                       method);
-    return engine_submit(l, route, method & ~chi::kLocalMethodBit, input, input_size, future);
+    return submit_one(rt, route, method, input, input_size, future);
+  });
+}
+
+CHI_API chi_status_t chi_submit_batch(chi_runtime_t *rt, chi_route_t route,
+                                      const chi_task_desc_t *tasks, size_t n,
+                                      chi_future_t *futures, size_t *submitted) {
+  if (submitted) *submitted = 0;
+  return guarded([&]() -> chi_status_t {
+    CHI_HANDLE(rt);
+    if (chi_status_t s = check_batch(n, tasks, "tasks", futures, "futures"); s != CHI_OK) return s;
+    size_t sent = 0;
+    chi_status_t s = CHI_OK;
+    if (rt->engine && (route == CHI_ROUTE_CPU || route == CHI_ROUTE_LOCAL)) {
+      s = engine_submit_batch(rt->engine, tasks, n, futures, &sent);
+    } else {
+      // GPU routes and client runtimes: one task at a time.
+      for (; sent < n; ++sent) {
+        futures[sent] = 0;
+        s = submit_one(rt, route, tasks[sent].method, tasks[sent].input, tasks[sent].input_size,
+                       &futures[sent]);
+        if (s != CHI_OK) break;
+      }
+    }
+    for (size_t i = sent; i < n; ++i) futures[i] = 0;
+    if (submitted) *submitted = sent;
+    return s == CHI_OK ? s : at_index(s, "tasks", sent);
   });
 }
 
@@ -318,6 +395,69 @@ CHI_API chi_status_t chi_wait(chi_runtime_t *rt, chi_future_t future, int64_t ti
     chi_status_t s = exec->wait(p.slot, p.gen, timeout_ns, output, output_capacity, output_size);
     count_gpu_result(e, p, s);
     return s;
+  });
+}
+
+namespace {
+
+bool cpu_future_of(const chi::Runtime *e, chi_future_t f) {
+  chi::FutureParts p;
+  return chi::decode_future(f, &p) && p.tag == e->tag() && p.pool == chi::kCpuPool;
+}
+
+// One future of chi_wait_batch outside the CPU pool's batched path: a test
+// first tells a stale future (the batch stops) from a task whose handler
+// returned CHI_ERR_INVALID (a result).  CHI_OK once a result was taken.
+chi_status_t wait_one(chi::Executor *exec, const chi::FutureParts &p, chi::Client *client,
+                      chi::Runtime *e, int64_t timeout_ns, int64_t since_ns, chi_task_result_t *r) {
+  int finished = 0;
+  chi_status_t s = client ? client->test(p.slot, p.gen, &finished) : exec->test(p.slot, p.gen, &finished);
+  if (s != CHI_OK) return r->status = s;
+  int64_t left = timeout_ns;
+  if (timeout_ns > 0) left = std::max<int64_t>(0, timeout_ns - (chi::now_ns() - since_ns));
+  s = client ? client->wait(p.slot, p.gen, left, r->output, r->output_capacity, &r->output_size)
+             : exec->wait(p.slot, p.gen, left, r->output, r->output_capacity, &r->output_size);
+  if (!client) count_gpu_result(e, p, s);
+  r->status = s;
+  return s == CHI_ERR_TIMEOUT || s == CHI_ERR_TOO_LARGE || s == CHI_ERR_DISCONNECTED ? s : CHI_OK;
+}
+
+}  // namespace
+
+CHI_API chi_status_t chi_wait_batch(chi_runtime_t *rt, const chi_future_t *futures, size_t n,
+                                    int64_t timeout_ns, chi_task_result_t *results,
+                                    size_t *done) {
+  if (done) *done = 0;
+  return guarded([&]() -> chi_status_t {
+    CHI_HANDLE(rt);
+    if (chi_status_t s = check_batch(n, futures, "futures", results, "results"); s != CHI_OK) return s;
+    const int64_t since = timeout_ns > 0 ? chi::now_ns() : 0;
+    size_t i = 0;
+    chi_status_t s = CHI_OK;
+    while (i < n) {
+      chi::Executor *exec = nullptr;
+      chi::FutureParts p;
+      chi::Client *client;
+      chi::Runtime *e = nullptr;
+      if ((s = resolve_future(rt, futures[i], &exec, &p, &client, &e)) != CHI_OK) {
+        results[i].status = s;
+        break;
+      }
+      if (!client && p.pool == chi::kCpuPool) {
+        // The run of CPU futures from here goes to the pool in one call.
+        size_t j = i + 1;
+        while (j < n && cpu_future_of(e, futures[j])) ++j;
+        size_t taken = 0;
+        s = e->cpu().wait_batch(futures + i, j - i, timeout_ns, since, results + i, &taken);
+        i += taken;
+        if (s != CHI_OK) break;
+        continue;
+      }
+      if ((s = wait_one(exec, p, client, e, timeout_ns, since, &results[i])) != CHI_OK) break;
+      ++i;
+    }
+    if (done) *done = i;
+    return s == CHI_OK ? s : at_index(s, "futures", i);
   });
 }
 

@@ -211,7 +211,9 @@ bool CpuExecutor::grow(uint32_t want) {
   std::lock_guard<std::mutex> lock(grow_mu_);
   if (committed_.load(std::memory_order_relaxed) >= want) return true;
   size_t bytes = std::min(arena_size_, std::max(committed_bytes_ * 2, kMinCommitBytes));
-  bytes = std::max(bytes, std::min(arena_size_, size_t(want) * slot_stride_));
+  // mprotect works in whole pages (arena_size_ is a whole number of them).
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  bytes = std::max(bytes, std::min(arena_size_, (size_t(want) * slot_stride_ + page - 1) / page * page));
   if (mprotect(arena_ + committed_bytes_, bytes - committed_bytes_, PROT_READ | PROT_WRITE) != 0) {
     set_error(CHI_ERR_NOMEM, "cannot commit memory for more CPU task slots (%u in use, %zu bytes): %s",
               committed_.load(std::memory_order_relaxed), bytes, strerror(errno));
@@ -282,6 +284,100 @@ void CpuExecutor::free_slot(uint32_t index) {
     free_seq_.fetch_add(1, std::memory_order_release);
     futex_wake(&free_seq_, 1);
   }
+}
+
+void CpuExecutor::free_slots(const uint32_t *indices, uint32_t n) {
+  for (uint32_t i = 0; i < n; ++i) slot::set_free(slot_at(indices[i])->state);
+  free_.push_many(thread_index() % kFreeShards, indices, n);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (free_waiters_.load(std::memory_order_relaxed) > 0) {
+    free_seq_.fetch_add(1, std::memory_order_release);
+    futex_wake(&free_seq_, int(n));
+  }
+}
+
+uint32_t CpuExecutor::take_slots(uint32_t want, uint32_t *out) {
+  const uint32_t shard = thread_index() % kFreeShards;
+  uint32_t got = 0;
+  while (got < want) {
+    const uint32_t k = free_.pop_many(shard, want - got, out + got, &tls_free_hint);
+    if (k == 0) break;
+    got += k;
+  }
+  // Not enough to recycle: slots never used before, a run of them per CAS.
+  uint32_t f = fresh_.load(std::memory_order_relaxed);
+  while (got < want && f < nslots_) {
+    const uint32_t c = committed_.load(std::memory_order_acquire);
+    if (f >= c) {
+      // A failure leaves the message; acquire_slot() then reports it.
+      if (!grow(std::min(nslots_, f + (want - got)))) break;
+      f = fresh_.load(std::memory_order_relaxed);
+      continue;
+    }
+    const uint32_t k = std::min(want - got, c - f);
+    if (fresh_.compare_exchange_weak(f, f + k, std::memory_order_relaxed)) {
+      for (uint32_t j = 0; j < k; ++j) out[got++] = f + j;
+      f += k;
+    }
+  }
+  return got;
+}
+
+chi_status_t CpuExecutor::submit_batch(const chi_task_desc_t *tasks, size_t n, uint32_t tag,
+                                       chi_future_t *futures, size_t *queued) {
+  const bool worker = on_worker_thread();
+  const bool may_block = cfg_.submit_blocking && !worker && !submit_never_blocks();
+  uint32_t idx[kBatchChunk];
+  size_t done = 0;
+  chi_status_t st = CHI_OK;
+  while (done < n) {
+    uint32_t got = take_slots(uint32_t(std::min<size_t>(n - done, kBatchChunk)), idx);
+    if (got == 0) {
+      // None free now: wait for one (or fail) as chi_submit does.  The tasks
+      // taken so far are queued already, so their slots can come back.
+      if ((st = acquire_slot(&idx[0], may_block)) != CHI_OK) break;
+      got = 1;
+    }
+    queue_chunk(tasks + done, idx, got, worker, tag, futures + done);
+    done += got;
+  }
+  *queued = done;
+  return st;
+}
+
+void CpuExecutor::queue_chunk(const chi_task_desc_t *tasks, const uint32_t *indices, uint32_t n,
+                              bool worker, uint32_t tag, chi_future_t *futures) {
+  QueuedTask q[kBatchChunk];
+  const void *in[kBatchChunk];
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint32_t index = indices[i];
+    const chi_task_desc_t &t = tasks[i];
+    Slot *s = slot_at(index);
+    s->sink = nullptr;
+    const uint32_t g = slot::begin(s->state);
+    s->method = t.method;
+    s->submit_ns = RouteStats::sample() ? now_ns() : 0;
+    if (t.input_size > RunQueue::kInline) std::memcpy(input_of(index, t.input_size), t.input, t.input_size);
+    q[i] = QueuedTask{index, t.method, uint32_t(t.input_size)};
+    in[i] = t.input;
+    futures[i] = encode_future(tag, kCpuPool, g, index);
+  }
+  // Counted before any of them can finish, as submit() does.
+  stats_.submitted(n);
+  if (worker) {
+    for (uint32_t i = 0; i < n; ++i)
+      local_[tls_worker].push(q[i], in[i], input_of(q[i].slot, q[i].input_size));
+  } else {
+    push_shared_many(q, in, n);
+  }
+  notify_worker();
+}
+
+void CpuExecutor::push_shared_many(const QueuedTask *tasks, const void *const *inputs, uint32_t n) {
+  // The thread's own queue takes as many as it has cells for in one claim;
+  // the rest go as single tasks do (the next queues, else a spill).
+  uint32_t k = run_[thread_index() & (nrings_ - 1)].try_push_many(tasks, inputs, n);
+  for (; k < n; ++k) push_shared(tasks[k], inputs[k], input_of(tasks[k].slot, tasks[k].input_size));
 }
 
 chi_status_t CpuExecutor::submit(chi_method_t method, const void *input, size_t input_size,
@@ -492,31 +588,38 @@ chi_status_t CpuExecutor::check(uint32_t slot, uint32_t gen) const {
   return CHI_OK;
 }
 
-chi_status_t CpuExecutor::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, void *output,
-                               size_t output_capacity, size_t *output_size) {
+chi_status_t CpuExecutor::take(uint32_t slot, uint32_t gen, int64_t timeout_ns, int64_t since_ns,
+                               void *output, size_t output_capacity, size_t *output_size,
+                               chi_status_t *status) {
   if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
   Slot *s = slot_at(slot);
-  // A worker waiting on a task helps run the queue, so a pool whose every
-  // worker waits on nested tasks still makes progress; it re-checks the queue
-  // every ms while it sleeps.
-  slot::WaitPolicy p;
-  p.spin_ns = cfg_.spin_ns;
-  p.helper = on_worker_thread();
-  if (p.helper) p.slice_ns = 1000000;
-  const bool own_only = tls_help_depth >= kMaxHelpDepth;
-  auto help = [&] {
-    QueuedTask task;
-    if (!p.helper || !pop_task(&task, own_only)) return false;
-    ++tls_help_depth;
-    run_task(task);
-    --tls_help_depth;
-    return true;
-  };
-  uint32_t w = 0;
-  if (slot::wait(s->state, gen, timeout_ns, p, [] { return false; }, help, [] { return true; }, &w) != CHI_OK)
-    return set_error(CHI_ERR_TIMEOUT, "task not finished within %lld ns", (long long)timeout_ns);
-  if (w != slot::word(gen, slot::kDone))
-    return set_error(CHI_ERR_INVALID, "stale future: already waited on or released");
+  uint32_t w = s->state.load(std::memory_order_acquire);
+  // Finished already (the common case in a batch past its first task): no
+  // wait set-up, no clock read.
+  if (w != slot::word(gen, slot::kDone)) {
+    int64_t left = timeout_ns;
+    if (timeout_ns > 0 && since_ns) left = std::max<int64_t>(0, timeout_ns - (now_ns() - since_ns));
+    // A worker waiting on a task helps run the queue, so a pool whose every
+    // worker waits on nested tasks still makes progress; it re-checks the
+    // queue every ms while it sleeps.
+    slot::WaitPolicy p;
+    p.spin_ns = cfg_.spin_ns;
+    p.helper = on_worker_thread();
+    if (p.helper) p.slice_ns = 1000000;
+    const bool own_only = tls_help_depth >= kMaxHelpDepth;
+    auto help = [&] {
+      QueuedTask task;
+      if (!p.helper || !pop_task(&task, own_only)) return false;
+      ++tls_help_depth;
+      run_task(task);
+      --tls_help_depth;
+      return true;
+    };
+    if (slot::wait(s->state, gen, left, p, [] { return false; }, help, [] { return true; }, &w) != CHI_OK)
+      return set_error(CHI_ERR_TIMEOUT, "task not finished within %lld ns", (long long)timeout_ns);
+    if (w != slot::word(gen, slot::kDone))
+      return set_error(CHI_ERR_INVALID, "stale future: already waited on or released");
+  }
   size_t size = s->output_size;
   if (output && output_capacity < size) {
     if (output_size) *output_size = size;
@@ -524,12 +627,48 @@ chi_status_t CpuExecutor::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, 
                      output_capacity);
   }
   if (!slot::claim(s->state, w)) return set_error(CHI_ERR_INVALID, "stale future: consumed by another thread");
-  chi_status_t status = s->status;
+  *status = s->status;
   if (output && size) std::memcpy(output, output_of(slot), size);
   if (output_size) *output_size = size;
+  return CHI_OK;
+}
+
+chi_status_t CpuExecutor::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, void *output,
+                               size_t output_capacity, size_t *output_size) {
+  chi_status_t status;
+  if (chi_status_t s = take(slot, gen, timeout_ns, 0, output, output_capacity, output_size, &status);
+      s != CHI_OK)
+    return s;
+  const chi_method_t method = slot_at(slot)->method;
   free_slot(slot);
-  if (status != CHI_OK) set_error(status, "handler of method %u returned %d", s->method, status);
+  if (status != CHI_OK) set_error(status, "handler of method %u returned %d", method, status);
   return status;
+}
+
+chi_status_t CpuExecutor::wait_batch(const chi_future_t *futures, size_t n, int64_t timeout_ns,
+                                     int64_t since_ns, chi_task_result_t *results, size_t *done) {
+  uint32_t taken[kBatchChunk];
+  uint32_t ntaken = 0;
+  chi_status_t st = CHI_OK;
+  size_t i = 0;
+  for (; i < n; ++i) {
+    FutureParts p{};
+    decode_future(futures[i], &p);
+    chi_task_result_t &r = results[i];
+    if ((st = take(p.slot, p.gen, timeout_ns, since_ns, r.output, r.output_capacity, &r.output_size,
+                   &r.status)) != CHI_OK) {
+      r.status = st;
+      break;
+    }
+    taken[ntaken++] = p.slot;
+    if (ntaken == kBatchChunk) {
+      free_slots(taken, ntaken);
+      ntaken = 0;
+    }
+  }
+  if (ntaken) free_slots(taken, ntaken);
+  *done = i;
+  return st;
 }
 
 chi_status_t CpuExecutor::test(uint32_t slot, uint32_t gen, int *done) {

@@ -36,6 +36,24 @@ class CpuExecutor final : public Executor {
   chi_status_t test(uint32_t slot, uint32_t gen, int *done) override;
   chi_status_t release(uint32_t slot, uint32_t gen) override;
 
+  // chi_submit_batch on this pool, for tasks the caller checked already
+  // (method registered, input_size within max_inline_payload, input given):
+  // queues them in order, kBatchChunk at a time (one slot take from the free
+  // stack, one ring claim and one wake-up decision per chunk), and writes
+  // futures[i] of task i with the runtime's tag.  Stops at the first task
+  // that gets no slot (CHI_ERR_AGAIN or CHI_ERR_NOMEM, as submit()); *queued
+  // says how many went.
+  chi_status_t submit_batch(const chi_task_desc_t *tasks, size_t n, uint32_t tag,
+                            chi_future_t *futures, size_t *queued);
+  // chi_wait_batch for futures of this pool (the caller checked their tag
+  // and pool): takes results in order, hands the slots back kBatchChunk at a
+  // time, and stops at the first future that gives none (CHI_ERR_TIMEOUT,
+  // CHI_ERR_TOO_LARGE, CHI_ERR_INVALID), *done its index.  timeout_ns counts
+  // from since_ns (now_ns() at the start of the call).
+  chi_status_t wait_batch(const chi_future_t *futures, size_t n, int64_t timeout_ns, int64_t since_ns,
+                          chi_task_result_t *results, size_t *done);
+  static constexpr uint32_t kBatchChunk = 64;
+
   // Queues a task whose result goes to sink->complete(cookie, ...) instead of
   // a future.  Never blocks: CHI_ERR_AGAIN when every slot is in use (the
   // caller keeps the request and tries later).  Input is copied once, here.
@@ -74,6 +92,20 @@ class CpuExecutor final : public Executor {
   // Commits slot memory until at least `want` slots are usable.
   bool grow(uint32_t want);
   void free_slot(uint32_t index);
+  // free_slot for n slots: one push on the free stack, one waiter check.
+  void free_slots(const uint32_t *indices, uint32_t n);
+  // Up to want free slots without waiting, recycled first; 0: none now.
+  uint32_t take_slots(uint32_t want, uint32_t *out);
+  // The tasks of one chunk into their slots and the run queues.
+  void queue_chunk(const chi_task_desc_t *tasks, const uint32_t *indices, uint32_t n, bool worker,
+                   uint32_t tag, chi_future_t *futures);
+  void push_shared_many(const QueuedTask *tasks, const void *const *inputs, uint32_t n);
+  // chi_wait up to the copy of the output: CHI_OK once the result is claimed
+  // (*status: the task's; the caller frees the slot), else the wait's own
+  // failure with its message, the future left valid.  timeout_ns counts
+  // from since_ns, or from now when since_ns is 0.
+  chi_status_t take(uint32_t slot, uint32_t gen, int64_t timeout_ns, int64_t since_ns, void *output,
+                    size_t output_capacity, size_t *output_size, chi_status_t *status);
   void run_task(const QueuedTask &task);
   bool pop_task(QueuedTask *task, bool own_only);
   // Queues an application thread's task on its run queue, else another one.

@@ -62,6 +62,37 @@ class RunQueue {
     return spilled_.load(std::memory_order_acquire) == 0 && push_ring(t, input);
   }
 
+  // Queues tasks t[0..n) in order in consecutive ring cells claimed with one
+  // CAS of the tail; inputs[i] is task i's input (as try_push).  Returns how
+  // many were queued, a prefix: 0 when the ring is full, held up at its tail
+  // or spilling; fewer than n when only that many cells were free.
+  uint32_t try_push_many(const QueuedTask *t, const void *const *inputs, uint32_t n) {
+    if (n == 0 || spilled_.load(std::memory_order_acquire) != 0) return 0;
+    uint64_t pos = tail_.load(std::memory_order_relaxed);
+    for (;;) {
+      // Cells free for this lap at pos, pos + 1, ...: no producer can take
+      // them before our CAS of the tail (it would move the tail first), and
+      // their consumers of the previous lap are done with them.
+      uint32_t m = 0;
+      while (m < n && seq_at(pos + m) == pos + m) ++m;
+      if (m == 0) {
+        if (int64_t(seq_at(pos)) - int64_t(pos) < 0) return 0;
+        pos = tail_.load(std::memory_order_relaxed);
+        continue;
+      }
+      if (tail_.compare_exchange_weak(pos, pos + m, std::memory_order_relaxed)) {
+        for (uint32_t i = 0; i < m; ++i) {
+          Cell &c = cells_[(pos + i) & mask_];
+          c.task = t[i];
+          if (t[i].input_size && t[i].input_size <= kInline) std::memcpy(c.data, inputs[i], t[i].input_size);
+          set_seq(pos + i, pos + i + 1);
+        }
+        __builtin_prefetch(&cells_[(pos + m) & mask_], 1);
+        return m;
+      }
+    }
+  }
+
   // Queues a task at the end of the spill list (see push()).
   void spill(const QueuedTask &t, const void *input, uint8_t *slot_input) {
     if (t.input_size && t.input_size <= kInline) std::memcpy(slot_input, input, t.input_size);

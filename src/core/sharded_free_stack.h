@@ -40,6 +40,36 @@ class ShardedFreeStack {
     }
   }
 
+  // Pushes indices[0..n) (n >= 1) with one CAS: they are chained among
+  // themselves first, so the head's line moves once for the whole group.
+  void push_many(uint32_t shard, const uint32_t *indices, uint32_t n) {
+    for (uint32_t i = 0; i + 1 < n; ++i) next_[indices[i]].store(indices[i + 1], std::memory_order_relaxed);
+    std::atomic<uint64_t> &head = heads_[shard].word;
+    uint64_t old = head.load(std::memory_order_relaxed);
+    for (;;) {
+      next_[indices[n - 1]].store(index_of(old), std::memory_order_relaxed);
+      if (head.compare_exchange_weak(old, pack(tag_of(old) + 1, indices[0]), std::memory_order_release,
+                                     std::memory_order_relaxed))
+        return;
+    }
+  }
+
+  // Up to max free indices in one CAS: from `shard`, else from the first
+  // other shard that has some (as pop()).  Returns how many (0: none free).
+  uint32_t pop_many(uint32_t shard, uint32_t max, uint32_t *out, uint32_t *hint) {
+    if (uint32_t n = pop_chain(shard, max, out)) return n;
+    uint32_t s = *hint < shards_ ? *hint : 0;
+    for (uint32_t k = 0; k < shards_; ++k, s = s + 1 == shards_ ? 0 : s + 1) {
+      if (s == shard) continue;
+      if (index_of(heads_[s].word.load(std::memory_order_relaxed)) == kNone) continue;
+      if (uint32_t n = pop_chain(s, max, out)) {
+        *hint = s;
+        return n;
+      }
+    }
+    return 0;
+  }
+
   // A free index from `shard`, else from any other shard.  *hint (per thread,
   // may be shared by several stacks: only a starting point) remembers where
   // the last one came from.
@@ -83,6 +113,26 @@ class ShardedFreeStack {
         *index = top;
         return true;
       }
+    }
+  }
+
+  // Up to max indices off the top of one shard.  The walk may read links
+  // that change under it, but any pop or push of this shard meanwhile bumps
+  // the tag and fails the CAS, and a link read is always an index or kNone,
+  // so a walk that wins the CAS read the chain as it stood.
+  uint32_t pop_chain(uint32_t shard, uint32_t max, uint32_t *out) {
+    std::atomic<uint64_t> &head = heads_[shard].word;
+    uint64_t old = head.load(std::memory_order_acquire);
+    for (;;) {
+      uint32_t n = 0, at = index_of(old);
+      while (n < max && at != kNone) {
+        out[n++] = at;
+        at = next_[at].load(std::memory_order_relaxed);
+      }
+      if (n == 0) return 0;
+      if (head.compare_exchange_weak(old, pack(tag_of(old) + 1, at), std::memory_order_acquire,
+                                     std::memory_order_acquire))
+        return n;
     }
   }
 

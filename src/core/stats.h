@@ -38,7 +38,7 @@ class RouteStats {
   // Of the tasks a thread submits, one in kSampleEvery is timed.
   static constexpr uint32_t kSampleEvery = 64;
 
-  void submitted() { add(&Line::submitted); }
+  void submitted(uint64_t n = 1) { add(&Line::submitted, n); }
   // A task finished with `status`, latency_ns after its submission (< 0: not timed).
   void finished(chi_status_t status, int64_t latency_ns) {
     add(status == CHI_OK ? &Line::completed : &Line::failed);
@@ -73,13 +73,13 @@ class RouteStats {
   struct alignas(64) Hist {
     std::atomic<uint64_t> n[kBuckets] = {};
   };
-  void add(std::atomic<uint64_t> Line::*counter) {
+  void add(std::atomic<uint64_t> Line::*counter, uint64_t n = 1) {
     const unsigned i = thread_index();
     if (i < kOwnLines) {
       std::atomic<uint64_t> &c = lines_[i].*counter;
-      c.store(c.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
     } else {
-      (lines_[kOwnLines + i % kSharedLines].*counter).fetch_add(1, std::memory_order_relaxed);
+      (lines_[kOwnLines + i % kSharedLines].*counter).fetch_add(n, std::memory_order_relaxed);
     }
   }
   void record(int64_t latency_ns) {

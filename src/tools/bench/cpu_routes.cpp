@@ -119,6 +119,154 @@ void pipeline(chi_runtime_t *rt, chi_route_t route, const chi_bench_options &opt
   }
 }
 
+// One batch of the batched row: its buffers and what is in flight.
+struct Batch {
+  std::vector<uint8_t> in, out;
+  std::vector<chi_task_desc_t> tasks;
+  std::vector<chi_task_result_t> results;
+  std::vector<chi_future_t> futures;
+  size_t sent = 0;
+  uint64_t first = 0;  // seq of its first task
+  uint64_t t0 = 0;     // submit time, when one of its tasks is sampled
+};
+
+// Runs n tasks in batches of up to `window`, two batches in flight: one
+// chi_submit_batch for the next batch, then one chi_wait_batch for the one
+// before, so the workers never find the queues empty between batches.  A
+// sampled task's latency runs from its batch's submit to the return of its
+// wait.  CHI_ERR_AGAIN (slots full) sends the part that went; the rest
+// follows in the next batch.
+void batched(chi_runtime_t *rt, chi_route_t route, const chi_bench_options &opt, uint64_t n,
+             uint64_t first_seq, bool record, Submitter *s) {
+  const uint32_t w = opt.window;
+  const size_t size = opt.payload;
+  const size_t stride = size ? size : 1;
+  std::vector<uint8_t> expect(stride);
+  Batch b[2];
+  for (Batch &x : b) {
+    x.in.resize(stride * w);
+    x.out.resize(stride * w);
+    x.tasks.resize(w);
+    x.results.resize(w);
+    x.futures.resize(w);
+  }
+  auto abandon = [&] {
+    for (Batch &x : b)
+      for (size_t i = 0; i < x.sent; i++) chi_release(rt, x.futures[i]);
+  };
+  // Waits for batch x and checks its outputs; false on a failure (recorded).
+  auto collect = [&](Batch &x) {
+    size_t got = 0;
+    chi_status_t st = chi_wait_batch(rt, x.futures.data(), x.sent, kWaitTimeoutNs, x.results.data(), &got);
+    const uint64_t t1 = x.t0 ? chi_tool_now_ns() : 0;
+    if (st != CHI_OK) {
+      s->failed(st, "chi_wait_batch");
+      for (size_t i = got; i < x.sent; i++) chi_release(rt, x.futures[i]);
+      x.sent = 0;
+      return false;
+    }
+    const size_t sent = x.sent;
+    x.sent = 0;
+    for (size_t i = 0; i < sent; i++) {
+      const uint64_t seq = x.first + i;
+      make_payload(expect.data(), size, s->who, seq);
+      if (x.results[i].status != CHI_OK) {
+        s->failed(x.results[i].status, "chi.echo in a batch");
+        return false;
+      }
+      if (x.results[i].output_size != size || std::memcmp(&x.out[i * stride], expect.data(), size) != 0) {
+        if (s->status == CHI_OK) {
+          s->status = CHI_ERR_INTERNAL;
+          s->error = "chi.echo returned bytes that differ from its input";
+        }
+        return false;
+      }
+      if (t1 && seq % kSampleEvery == 0) s->samples.push_back(t1 - x.t0);
+    }
+    return true;
+  };
+
+  uint64_t issued = 0;
+  for (unsigned cur = 0;; cur ^= 1) {
+    Batch &x = b[cur], &prev = b[cur ^ 1];
+    if (issued < n) {
+      const uint32_t count = uint32_t(std::min<uint64_t>(w, n - issued));
+      x.first = first_seq + issued;
+      bool sampled = false;
+      for (uint32_t i = 0; i < count; i++) {
+        make_payload(&x.in[i * stride], size, s->who, x.first + i);
+        x.tasks[i] = chi_task_desc_t{CHI_METHOD_ECHO, &x.in[i * stride], size};
+        x.results[i] = chi_task_result_t{&x.out[i * stride], stride, 0, CHI_OK};
+        sampled = sampled || (record && (x.first + i) % kSampleEvery == 0);
+      }
+      x.t0 = sampled ? chi_tool_now_ns() : 0;
+      chi_status_t st = chi_submit_batch(rt, route, x.tasks.data(), count, x.futures.data(), &x.sent);
+      if (st != CHI_OK && (st != CHI_ERR_AGAIN || (x.sent == 0 && prev.sent == 0))) {
+        s->failed(st, "chi_submit_batch");
+        abandon();
+        return;
+      }
+      issued += x.sent;
+    }
+    if (prev.sent && !collect(prev)) {
+      abandon();
+      return;
+    }
+    if (issued >= n && x.sent == 0 && prev.sent == 0) return;
+  }
+}
+
+using Runner = void (*)(chi_runtime_t *, chi_route_t, const chi_bench_options &, uint64_t, uint64_t,
+                        bool, Submitter *);
+
+// `threads` submitters, each running `run` for its share after an untimed warm-up.
+void throughput_row(chi_runtime_t *rt, chi_route_t route, const char *name, const char *route_name,
+                    uint32_t threads, const chi_bench_options &opt, Runner run, chi_bench_row *row) {
+  chi_bench_row_init(row, name, CHI_BENCH_THROUGHPUT);
+  set_route(row, route_name, opt);
+  row->threads = threads;
+  row->window = opt.window;
+  row->target_throughput = kCpuTargetThroughput;
+
+  std::vector<Submitter> subs(threads);
+  std::atomic<uint32_t> ready{0};
+  std::atomic<bool> go{false};
+  const uint64_t share = opt.tput_tasks / threads;
+  const uint64_t warm = std::max<uint64_t>(opt.warmup / threads, 2ull * opt.window);
+  std::vector<std::thread> pool;
+  for (uint32_t t = 0; t < threads; t++) {
+    subs[t].who = t + 1;
+    subs[t].samples.reserve(share / kSampleEvery + 1);
+    pool.emplace_back([&, t] {
+      Submitter *s = &subs[t];
+      if (opt.pin) chi_tool_pin_thread(t);
+      run(rt, route, opt, warm, 0, false, s);
+      ready.fetch_add(1, std::memory_order_acq_rel);
+      while (!go.load(std::memory_order_acquire)) sched_yield();
+      if (s->status == CHI_OK) run(rt, route, opt, share, warm, true, s);
+      s->end_ns = chi_tool_now_ns();
+    });
+  }
+  while (ready.load(std::memory_order_acquire) < threads) sched_yield();
+  uint64_t t0 = chi_tool_now_ns();
+  go.store(true, std::memory_order_release);
+  for (auto &th : pool) th.join();
+
+  uint64_t t1 = t0;
+  std::vector<uint64_t> samples;
+  for (auto &s : subs) {
+    t1 = std::max(t1, s.end_ns);
+    samples.insert(samples.end(), s.samples.begin(), s.samples.end());
+    if (s.status != CHI_OK && row->status == CHI_OK)
+      chi_bench_row_fail(row, s.status, "submitter %llu: %s",
+                         static_cast<unsigned long long>(s.who), s.error.c_str());
+  }
+  if (row->status != CHI_OK) return;
+  chi_bench_row_samples(row, samples.data(), samples.size());
+  row->count = share * threads;
+  row->throughput = t1 > t0 ? double(row->count) * 1e9 / double(t1 - t0) : NAN;
+}
+
 }  // namespace
 
 void cpu_latency(chi_runtime_t *rt, chi_route_t route, const char *name, const char *route_name,
@@ -165,49 +313,12 @@ void cpu_latency(chi_runtime_t *rt, chi_route_t route, const char *name, const c
 void cpu_throughput(chi_runtime_t *rt, chi_route_t route, const char *name,
                     const char *route_name, uint32_t threads, const chi_bench_options &opt,
                     chi_bench_row *row) {
-  chi_bench_row_init(row, name, CHI_BENCH_THROUGHPUT);
-  set_route(row, route_name, opt);
-  row->threads = threads;
-  row->window = opt.window;
-  row->target_throughput = kCpuTargetThroughput;
+  throughput_row(rt, route, name, route_name, threads, opt, pipeline, row);
+}
 
-  std::vector<Submitter> subs(threads);
-  std::atomic<uint32_t> ready{0};
-  std::atomic<bool> go{false};
-  const uint64_t share = opt.tput_tasks / threads;
-  const uint64_t warm = std::max<uint64_t>(opt.warmup / threads, 2ull * opt.window);
-  std::vector<std::thread> pool;
-  for (uint32_t t = 0; t < threads; t++) {
-    subs[t].who = t + 1;
-    subs[t].samples.reserve(share / kSampleEvery + 1);
-    pool.emplace_back([&, t] {
-      Submitter *s = &subs[t];
-      if (opt.pin) chi_tool_pin_thread(t);
-      pipeline(rt, route, opt, warm, 0, false, s);
-      ready.fetch_add(1, std::memory_order_acq_rel);
-      while (!go.load(std::memory_order_acquire)) sched_yield();
-      if (s->status == CHI_OK) pipeline(rt, route, opt, share, warm, true, s);
-      s->end_ns = chi_tool_now_ns();
-    });
-  }
-  while (ready.load(std::memory_order_acquire) < threads) sched_yield();
-  uint64_t t0 = chi_tool_now_ns();
-  go.store(true, std::memory_order_release);
-  for (auto &th : pool) th.join();
-
-  uint64_t t1 = t0;
-  std::vector<uint64_t> samples;
-  for (auto &s : subs) {
-    t1 = std::max(t1, s.end_ns);
-    samples.insert(samples.end(), s.samples.begin(), s.samples.end());
-    if (s.status != CHI_OK && row->status == CHI_OK)
-      chi_bench_row_fail(row, s.status, "submitter %llu: %s",
-                         static_cast<unsigned long long>(s.who), s.error.c_str());
-  }
-  if (row->status != CHI_OK) return;
-  chi_bench_row_samples(row, samples.data(), samples.size());
-  row->count = share * threads;
-  row->throughput = t1 > t0 ? double(row->count) * 1e9 / double(t1 - t0) : NAN;
+void cpu_batched(chi_runtime_t *rt, chi_route_t route, const char *name, const char *route_name,
+                 uint32_t threads, const chi_bench_options &opt, chi_bench_row *row) {
+  throughput_row(rt, route, name, route_name, threads, opt, batched, row);
 }
 
 }  // namespace chi_bench

@@ -1,5 +1,5 @@
-// CPU->CPU routes through the public API: one task at a time (latency) and
-// pipelined submitters (throughput), chi.echo with opt.payload bytes each way.
+// CPU->CPU routes through the public API: one task at a time (latency),
+// pipelined and batched submitters (throughput), chi.echo with opt.payload bytes each way.
 #pragma once
 
 #include "bench_row.h"
@@ -22,5 +22,13 @@ void cpu_latency(chi_runtime_t *rt, chi_route_t route, const char *name, const c
 void cpu_throughput(chi_runtime_t *rt, chi_route_t route, const char *name,
                     const char *route_name, uint32_t threads, const chi_bench_options &opt,
                     chi_bench_row *row);
+
+// As cpu_throughput, but each submitter sends opt.window tasks with one
+// chi_submit_batch and collects them with one chi_wait_batch, with two such
+// batches in flight (the next is submitted before the previous is waited
+// for); a sampled task's latency runs from its batch's submit to the end of
+// its wait.
+void cpu_batched(chi_runtime_t *rt, chi_route_t route, const char *name, const char *route_name,
+                 uint32_t threads, const chi_bench_options &opt, chi_bench_row *row);
 
 }  // namespace chi_bench

@@ -421,6 +421,12 @@ int main(int argc, char **argv) {
     chi_bench::cpu_throughput(rt, CHI_ROUTE_CPU, name, "CHI_ROUTE_CPU", opt.threads, opt,
                               &rows.back());
   }
+  {
+    char name[48];
+    std::snprintf(name, sizeof name, "cpu->cpu batched x%u", opt.threads);
+    rows.emplace_back();
+    chi_bench::cpu_batched(rt, CHI_ROUTE_CPU, name, "CHI_ROUTE_CPU", opt.threads, opt, &rows.back());
+  }
 
   if (gpus > 0) {
     size_t base = rows.size();

@@ -24,6 +24,7 @@ pub const CHI_ERR_PERMISSION: i32 = -11;
 pub const CHI_ERR_SHUTDOWN: i32 = -12;
 pub const CHI_ERR_INTERNAL: i32 = -13;
 pub const CHI_ERR_USER_BASE: i32 = -1000;
+pub const CHI_BATCH_MAX: i32 = 1048576;
 pub const CHI_STATS_CPU: i32 = 0;
 pub const CHI_STATS_GPU: i32 = 1;
 pub const CHI_STATS_CLIENT: i32 = 2;
@@ -402,6 +403,188 @@ extern "C" {
 }
 extern "C" {
     pub fn chi_release(rt: *mut chi_runtime_t, future: chi_future_t) -> chi_status_t;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct chi_task_desc {
+    pub method: chi_method_t,
+    pub input: *const ::std::os::raw::c_void,
+    pub input_size: usize,
+}
+#[test]
+fn bindgen_test_layout_chi_task_desc() {
+    assert_eq!(
+        ::std::mem::size_of::<chi_task_desc>(),
+        24usize,
+        concat!("Size of: ", stringify!(chi_task_desc))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<chi_task_desc>(),
+        8usize,
+        concat!("Alignment of ", stringify!(chi_task_desc))
+    );
+    fn test_field_method() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_task_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).method) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_task_desc),
+                "::",
+                stringify!(method)
+            )
+        );
+    }
+    test_field_method();
+    fn test_field_input() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_task_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).input) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_task_desc),
+                "::",
+                stringify!(input)
+            )
+        );
+    }
+    test_field_input();
+    fn test_field_input_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_task_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).input_size) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_task_desc),
+                "::",
+                stringify!(input_size)
+            )
+        );
+    }
+    test_field_input_size();
+}
+pub type chi_task_desc_t = chi_task_desc;
+extern "C" {
+    pub fn chi_submit_batch(
+        rt: *mut chi_runtime_t,
+        route: chi_route_t,
+        tasks: *const chi_task_desc_t,
+        n: usize,
+        futures: *mut chi_future_t,
+        submitted: *mut usize,
+    ) -> chi_status_t;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct chi_task_result {
+    pub output: *mut ::std::os::raw::c_void,
+    pub output_capacity: usize,
+    pub output_size: usize,
+    pub status: chi_status_t,
+}
+#[test]
+fn bindgen_test_layout_chi_task_result() {
+    assert_eq!(
+        ::std::mem::size_of::<chi_task_result>(),
+        32usize,
+        concat!("Size of: ", stringify!(chi_task_result))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<chi_task_result>(),
+        8usize,
+        concat!("Alignment of ", stringify!(chi_task_result))
+    );
+    fn test_field_output() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_task_result>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).output) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_task_result),
+                "::",
+                stringify!(output)
+            )
+        );
+    }
+    test_field_output();
+    fn test_field_output_capacity() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_task_result>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).output_capacity) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_task_result),
+                "::",
+                stringify!(output_capacity)
+            )
+        );
+    }
+    test_field_output_capacity();
+    fn test_field_output_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_task_result>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).output_size) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_task_result),
+                "::",
+                stringify!(output_size)
+            )
+        );
+    }
+    test_field_output_size();
+    fn test_field_status() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_task_result>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).status) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_task_result),
+                "::",
+                stringify!(status)
+            )
+        );
+    }
+    test_field_status();
+}
+pub type chi_task_result_t = chi_task_result;
+extern "C" {
+    pub fn chi_wait_batch(
+        rt: *mut chi_runtime_t,
+        futures: *const chi_future_t,
+        n: usize,
+        timeout_ns: i64,
+        results: *mut chi_task_result_t,
+        done: *mut usize,
+    ) -> chi_status_t;
 }
 extern "C" {
     pub fn chi_load_module(
