@@ -104,9 +104,14 @@ void PollerPool::remove(Session *s) {
   {
     std::lock_guard<std::mutex> lock(p.mu);
     p.sessions.erase(std::remove(p.sessions.begin(), p.sessions.end(), s), p.sessions.end());
-    s->removed_epoch = p.epoch.load(std::memory_order_acquire);
+    // `changed` before the epoch is read (both seq_cst, as the poller's
+    // exchange and add): the turn that moves the epoch past the value read
+    // here is followed by one that sees `changed` and drops the session
+    // before it adds again.  Read the other way round, a turn could start
+    // with the old list after that value and the session be freed under it.
+    p.changed.store(true, std::memory_order_seq_cst);
+    s->removed_epoch = p.epoch.load(std::memory_order_seq_cst);
   }
-  p.changed.store(true, std::memory_order_release);
   signal_fd(p.wake);
 }
 
@@ -141,12 +146,13 @@ void PollerPool::main(Poller *p) {
   int64_t idle_since = now_ns();
   epoll_event events[64];
   while (!quit_.load(std::memory_order_acquire)) {
-    if (p->changed.exchange(false, std::memory_order_acq_rel)) {
+    if (p->changed.exchange(false, std::memory_order_seq_cst)) {
       std::lock_guard<std::mutex> lock(p->mu);
       snap = p->sessions;
     }
-    // The control thread frees a removed session only after this moves on.
-    p->epoch.fetch_add(1, std::memory_order_acq_rel);
+    // The control thread frees a removed session only after this moves on
+    // twice (remove() says why).
+    p->epoch.fetch_add(1, std::memory_order_seq_cst);
     bool work = false;
     // Round-robin with a batch bound per session: a client that keeps its
     // ring full gets kBatch tasks per turn like everyone else.
