@@ -48,6 +48,8 @@ module chimaera
     procedure :: submit_buffer => runtime_submit_buffer
     procedure, private :: wait_none, wait_ptr, wait_i8, wait_i32, wait_i64, wait_r32, wait_r64
     generic :: wait => wait_none, wait_ptr, wait_i8, wait_i32, wait_i64, wait_r32, wait_r64
+    procedure :: submit_batch => runtime_submit_batch
+    procedure :: wait_batch => runtime_wait_batch
     procedure :: test => runtime_test
     procedure :: release => runtime_release
     procedure :: load_module => runtime_load_module
@@ -105,7 +107,8 @@ module chimaera
              runtime_c_handle, runtime_register_handler, runtime_lookup, &
              submit_ptr, submit_i8, submit_i32, submit_i64, submit_r32, submit_r64, &
              runtime_submit_buffer, wait_none, wait_ptr, wait_i8, wait_i32, wait_i64, &
-             wait_r32, wait_r64, runtime_test, runtime_release, runtime_load_module, &
+             wait_r32, wait_r64, runtime_submit_batch, runtime_wait_batch, &
+             runtime_test, runtime_release, runtime_load_module, &
              runtime_register_mem, runtime_unregister_mem, runtime_mem_resolve, &
              runtime_gpu_count, runtime_gpu_context, runtime_gpu_pause, runtime_gpu_resume, &
              runtime_assign, runtime_final, &
@@ -616,6 +619,75 @@ contains
       call wait_ptr(self, future, c_loc(dummy), 0_c_size_t, output_size, timeout_ns, stat)
     end if
   end subroutine wait_r64
+
+  ! ------------------------------------------------------------- batches
+
+  ! submit_batch(route, tasks, futures [, submitted] [, stat]) submits
+  ! size(tasks) tasks on one route, in order (chi_submit_batch); futures(i)
+  ! receives task i's future (futures needs size(tasks) elements).  Each
+  ! task's input is copied before the call returns: point tasks(i)%input at
+  ! a target variable, e.g. chi_task_desc_t(CHI_METHOD_ECHO, c_loc(x),
+  ! c_sizeof(x)).  It stops at the first task that cannot be queued and
+  ! gives that task's status: submitted receives the number queued (their
+  ! futures are valid, wait on futures(1:submitted)), the later futures are
+  ! 0 and those tasks never run.
+  recursive subroutine runtime_submit_batch(self, route, tasks, futures, submitted, stat)
+    class(chi_runtime), intent(in) :: self
+    integer(c_int32_t), intent(in) :: route
+    type(chi_task_desc_t), intent(in), contiguous :: tasks(:)
+    integer(c_int64_t), intent(out), contiguous :: futures(:)
+    integer(c_size_t), intent(out), optional :: submitted
+    integer(c_int32_t), intent(out), optional :: stat
+    integer(c_size_t), target :: sent
+    integer(c_int32_t) :: status
+
+    sent = 0
+    futures = 0
+    if (size(futures) < size(tasks)) then
+      if (present(submitted)) submitted = 0
+      call check(CHI_ERR_INVALID, "submit_batch", stat, "futures has fewer elements than tasks")
+      return
+    end if
+    status = chi_submit_batch(self%handle, route, tasks, int(size(tasks), c_size_t), futures, &
+                              c_loc(sent))
+    if (present(submitted)) submitted = sent
+    call check(status, "chi_submit_batch", stat)
+  end subroutine runtime_submit_batch
+
+  ! wait_batch(futures, results [, done] [, timeout_ns] [, stat]) takes the
+  ! results of size(futures) tasks, in order (chi_wait_batch).  Set each
+  ! results(i)%output and %output_capacity first (c_loc of a target buffer
+  ! and its size in bytes, or c_null_ptr and 0 to discard the output);
+  ! results(i) receives future i's output_size and status (the task's own:
+  ! CHI_OK or its failure).  A task's failure does not stop the batch; stat
+  ! is CHI_OK once every result was taken.  Otherwise stat says why it
+  ! stopped at futures(done + 1): CHI_ERR_TIMEOUT (timeout_ns, absent or < 0
+  ! forever, 0 poll, bounds the whole call), CHI_ERR_TOO_LARGE
+  ! (results(done + 1)%output_size is the size needed), CHI_ERR_INVALID (a
+  ! future 0, stale or of another runtime) or CHI_ERR_DISCONNECTED;
+  ! futures(1:done) are consumed, futures(done + 1:) left as they were, to
+  ! wait on again.
+  recursive subroutine runtime_wait_batch(self, futures, results, done, timeout_ns, stat)
+    class(chi_runtime), intent(in) :: self
+    integer(c_int64_t), intent(in), contiguous :: futures(:)
+    type(chi_task_result_t), intent(inout), contiguous :: results(:)
+    integer(c_size_t), intent(out), optional :: done
+    integer(c_int64_t), intent(in), optional :: timeout_ns
+    integer(c_int32_t), intent(out), optional :: stat
+    integer(c_size_t), target :: taken
+    integer(c_int32_t) :: status
+
+    taken = 0
+    if (size(results) < size(futures)) then
+      if (present(done)) done = 0
+      call check(CHI_ERR_INVALID, "wait_batch", stat, "results has fewer elements than futures")
+      return
+    end if
+    status = chi_wait_batch(self%handle, futures, int(size(futures), c_size_t), &
+                            timeout_value(timeout_ns), results, c_loc(taken))
+    if (present(done)) done = taken
+    call check(status, "chi_wait_batch", stat)
+  end subroutine runtime_wait_batch
 
   ! Whether a task has finished, without blocking; the future stays valid.
   recursive subroutine runtime_test(self, future, done, stat)

@@ -55,6 +55,9 @@ module chimaera_c
   ! Handlers may return their own codes at or below this value.
   integer(c_int32_t), parameter :: CHI_ERR_USER_BASE = -1000
 
+  ! The most tasks (futures) one chi_submit_batch (chi_wait_batch) call takes.
+  integer(c_int32_t), parameter :: CHI_BATCH_MAX = 1048576
+
   ! chi_config_t: always fill it with chi_config_init before changing fields.
   type, bind(C) :: chi_config_t
     integer(c_size_t) :: struct_size
@@ -83,6 +86,23 @@ module chimaera_c
     integer(c_int64_t) :: offset
     integer(c_int64_t) :: length
   end type chi_mem_ref_t
+
+  ! chi_task_desc_t: one task of a batch (chi_submit_batch), the arguments
+  ! chi_submit takes, e.g. chi_task_desc_t(CHI_METHOD_ECHO, c_loc(x), c_sizeof(x))
+  ! for a target variable x.
+  type, bind(C) :: chi_task_desc_t
+    integer(c_int32_t) :: method      ! chi_method_t (uint32)
+    type(c_ptr) :: input              ! const void *, input_size bytes, copied
+    integer(c_size_t) :: input_size
+  end type chi_task_desc_t
+
+  ! chi_task_result_t: where one future's result goes (chi_wait_batch).
+  type, bind(C) :: chi_task_result_t
+    type(c_ptr) :: output             ! in: buffer for the output, or c_null_ptr to discard
+    integer(c_size_t) :: output_capacity ! in: its size in bytes
+    integer(c_size_t) :: output_size  ! out: bytes of output (or bytes needed)
+    integer(c_int32_t) :: status      ! out: the task's status, as chi_wait returns it
+  end type chi_task_result_t
 
   ! chi_dev_context_t: opaque POD handed by value to GPU kernels.
   type, bind(C) :: chi_dev_context_t
@@ -240,6 +260,36 @@ module chimaera_c
       integer(c_int64_t), value :: future
       integer(c_int32_t) :: status
     end function chi_release
+
+    ! tasks: n task descriptions; futures: receives n futures, 0 from the
+    ! first task that could not be queued on.
+    ! submitted: c_loc of an integer(c_size_t) receiving the number queued, or c_null_ptr.
+    function chi_submit_batch(rt, route, tasks, n, futures, submitted) &
+        bind(C, name="chi_submit_batch") result(status)
+      import :: c_ptr, c_int32_t, c_int64_t, c_size_t, chi_task_desc_t
+      type(c_ptr), value :: rt
+      integer(c_int32_t), value :: route
+      type(chi_task_desc_t), intent(in) :: tasks(*)
+      integer(c_size_t), value :: n
+      integer(c_int64_t), intent(out) :: futures(*)
+      type(c_ptr), value :: submitted
+      integer(c_int32_t) :: status
+    end function chi_submit_batch
+
+    ! results: n results, their output and output_capacity set by the caller.
+    ! done: c_loc of an integer(c_size_t) receiving the number of results
+    ! taken (the 0-based index of the future it stopped at), or c_null_ptr.
+    function chi_wait_batch(rt, futures, n, timeout_ns, results, done) &
+        bind(C, name="chi_wait_batch") result(status)
+      import :: c_ptr, c_int32_t, c_int64_t, c_size_t, chi_task_result_t
+      type(c_ptr), value :: rt
+      integer(c_int64_t), intent(in) :: futures(*)
+      integer(c_size_t), value :: n
+      integer(c_int64_t), value :: timeout_ns
+      type(chi_task_result_t), intent(inout) :: results(*)
+      type(c_ptr), value :: done
+      integer(c_int32_t) :: status
+    end function chi_wait_batch
 
     function chi_load_module(rt, path) bind(C, name="chi_load_module") result(status)
       import :: c_ptr, c_char, c_int32_t

@@ -58,7 +58,8 @@ impl<'rt> Future<'rt> {
     /// Takes ownership of a raw future issued by `rt`.
     ///
     /// # Safety
-    /// `id` came from `chi_submit` on `rt` and nothing else will consume it.
+    /// `id` came from `chi_submit` or `chi_submit_batch` on `rt` and nothing
+    /// else will consume it.
     pub unsafe fn from_raw(rt: &'rt RuntimeRef, id: sys::chi_future_t) -> Future<'rt> {
         Future { rt, id }
     }
@@ -257,6 +258,12 @@ impl<'rt> Future<'rt> {
         }
         self.id = 0;
         Waited::Done(Err(err))
+    }
+
+    /// Records that a call outside this type (`chi_wait_batch`) consumed the
+    /// future, so that dropping it releases nothing.
+    pub(crate) fn mark_consumed(&mut self) {
+        self.id = 0;
     }
 
     fn is_live(&self) -> bool {

@@ -10,6 +10,7 @@ use std::sync::{Mutex, Once};
 
 use chimaera_sys as sys;
 
+use crate::batch::{SubmitBatchError, WaitBatchError};
 use crate::error::{Error, Status};
 use crate::future::WaitError;
 use crate::runtime::{Method, Route, RuntimeRef};
@@ -287,6 +288,21 @@ impl From<Error> for HandlerError {
 impl From<WaitError<'_>> for HandlerError {
     /// The wait's status (a subtask's timeout becomes [`Status::Timeout`]).
     fn from(err: WaitError<'_>) -> HandlerError {
+        HandlerError::from(err.status())
+    }
+}
+
+impl From<SubmitBatchError<'_>> for HandlerError {
+    /// The status of the subtask that could not be submitted (the futures
+    /// of those before it are released).
+    fn from(err: SubmitBatchError<'_>) -> HandlerError {
+        HandlerError::from(err.status())
+    }
+}
+
+impl From<WaitBatchError<'_>> for HandlerError {
+    /// The batched wait's stop status (the futures left are released).
+    fn from(err: WaitBatchError<'_>) -> HandlerError {
         HandlerError::from(err.status())
     }
 }

@@ -45,6 +45,7 @@
 
 #![warn(missing_docs)]
 
+mod batch;
 mod config;
 mod error;
 mod future;
@@ -54,6 +55,7 @@ mod runtime;
 
 pub use chimaera_sys as sys;
 
+pub use crate::batch::{SubmitBatchError, TaskResult, WaitBatchError};
 pub use crate::config::{Config, Mode};
 pub use crate::error::{Error, Result, Status};
 pub use crate::future::{Future, WaitError};
