@@ -588,9 +588,8 @@ chi_status_t CpuExecutor::check(uint32_t slot, uint32_t gen) const {
   return CHI_OK;
 }
 
-chi_status_t CpuExecutor::take(uint32_t slot, uint32_t gen, int64_t timeout_ns, int64_t since_ns,
-                               void *output, size_t output_capacity, size_t *output_size,
-                               chi_status_t *status) {
+chi_status_t CpuExecutor::wait_done(uint32_t slot, uint32_t gen, int64_t timeout_ns, int64_t since_ns,
+                                    uint32_t *word) {
   if (chi_status_t s = check(slot, gen); s != CHI_OK) return s;
   Slot *s = slot_at(slot);
   uint32_t w = s->state.load(std::memory_order_acquire);
@@ -620,6 +619,16 @@ chi_status_t CpuExecutor::take(uint32_t slot, uint32_t gen, int64_t timeout_ns, 
     if (w != slot::word(gen, slot::kDone))
       return set_error(CHI_ERR_INVALID, "stale future: already waited on or released");
   }
+  *word = w;
+  return CHI_OK;
+}
+
+chi_status_t CpuExecutor::take(uint32_t slot, uint32_t gen, int64_t timeout_ns, int64_t since_ns,
+                               void *output, size_t output_capacity, size_t *output_size,
+                               chi_status_t *status) {
+  uint32_t w = 0;
+  if (chi_status_t st = wait_done(slot, gen, timeout_ns, since_ns, &w); st != CHI_OK) return st;
+  Slot *s = slot_at(slot);
   size_t size = s->output_size;
   if (output && output_capacity < size) {
     if (output_size) *output_size = size;
@@ -651,6 +660,17 @@ chi_status_t CpuExecutor::wait_batch(const chi_future_t *futures, size_t n, int6
   uint32_t ntaken = 0;
   chi_status_t st = CHI_OK;
   size_t i = 0;
+  // The last task first: meanwhile the workers finish the ones before it
+  // without this thread polling the very slot lines they publish into.  A
+  // poll per task in order made each publish a contended CAS: batches of 64
+  // echoes from one thread to one worker on the 2-core VM went from 3.9 to
+  // 6.3 M tasks/s with this.  Whatever it returns, the loop below takes the
+  // results in order and reports the first that is missing.
+  if (n > 1) {
+    FutureParts last{};
+    uint32_t w = 0;
+    if (decode_future(futures[n - 1], &last)) (void)wait_done(last.slot, last.gen, timeout_ns, since_ns, &w);
+  }
   for (; i < n; ++i) {
     FutureParts p{};
     decode_future(futures[i], &p);

@@ -106,6 +106,9 @@ class CpuExecutor final : public Executor {
   // from since_ns, or from now when since_ns is 0.
   chi_status_t take(uint32_t slot, uint32_t gen, int64_t timeout_ns, int64_t since_ns, void *output,
                     size_t output_capacity, size_t *output_size, chi_status_t *status);
+  // take's wait alone: CHI_OK with *word the state once the task is done,
+  // nothing claimed; else CHI_ERR_TIMEOUT or CHI_ERR_INVALID with a message.
+  chi_status_t wait_done(uint32_t slot, uint32_t gen, int64_t timeout_ns, int64_t since_ns, uint32_t *word);
   void run_task(const QueuedTask &task);
   bool pop_task(QueuedTask *task, bool own_only);
   // Queues an application thread's task on its run queue, else another one.
