@@ -5,7 +5,9 @@
 //! [`Method`] plus input bytes, submitted along a [`Route`]; the [`Future`]
 //! that [`submit`](RuntimeRef::submit) returns gives back the output bytes or
 //! an [`Error`] carrying a [`Status`].  Rust closures become CPU handlers with
-//! [`Runtime::register_handler`].
+//! [`Runtime::register_handler`].  Many tasks go in one call with
+//! [`submit_batch`](RuntimeRef::submit_batch) and come back in one with
+//! [`wait_batch`](RuntimeRef::wait_batch), cheaper per task on the CPU route.
 //!
 //! ```
 //! use chimaera::{Config, Method, Route, Runtime, Status};
