@@ -56,7 +56,6 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | tee -a "
 . scripts/gpu-deps.sh
 [ -f "$trees/base.tar.gz" ] || { note "no $trees/base.tar.gz: run 'scripts/gpu-route-ab.sh prepare REF' here first"; exit 1; }
 note "base: $(cat "$trees/base.txt" 2>/dev/null | cut -c1-100)"
-note "new:  this tree ($(git log -1 --format=%h 2>/dev/null || echo 'no history') plus its changes)"
 
 cfg() { # SRC BUILD
   PKG_CONFIG_SYSROOT_DIR=/opt/deps cmake -S "$1" -B "$2" -G Ninja -DCHI_ENABLE_CUDA=ON -DCHI_CUDA_ARCHITECTURES=90 \
@@ -66,6 +65,8 @@ REPEAT=${GPU_AB_REPEAT:-}  # TEST:N: run that test binary N times on each build,
 targets="chimaera-bench gpu_timing gpu_breakdown chimaera-gpu-idle${REPEAT:+ ${REPEAT%%:*}}"
 t0=$(date +%s)
 NEW=build-gpu
+[ -f "$trees/new.tar.gz" ] ||
+  note "new:  this tree ($(git log -1 --format=%h 2>/dev/null || echo 'no history') plus its changes)"
 if [ -f "$trees/new.tar.gz" ]; then
   # The new side from a tarball too (`prepare-new` here): a committed state,
   # whatever else the working tree holds.
@@ -118,6 +119,7 @@ for r in $(seq 1 "$ROUNDS"); do
     timeout 60 "$(bin $side)/tests/gpu_timing" 20000 >"$OUT/raw/timing-$side-$r.txt" 2>&1
   done
 done
+if [ "$ROUNDS" -gt 0 ]; then
 note ""
 note "== gpu_breakdown round trips (median us), per round: base | new"
 for p in 8 64 1024 4096; do
@@ -138,6 +140,7 @@ for side in base new; do
 done
 note "-- new, last round's stages"
 sed -n '/^gpu->cpu     64/p;/^gpu->cpu      8/p' "$(ls "$OUT"/raw/breakdown-new-*.txt | tail -1)" | tee -a "$SUMMARY"
+fi
 
 bench() { # SIDE PAYLOAD TAG [VAR=VALUE ...]
   local side=$1 p=$2 tag=$3; shift 3
