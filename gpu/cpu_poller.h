@@ -90,6 +90,13 @@ class CpuPoller {
   D2hRelay *const relay_;
   std::atomic<bool> stop_{false};
   std::unique_ptr<PollGroup> group_;  // made by start()
+  // Entries each poller served, written by its owner alone: an idle poller
+  // keeps spinning while the others' sum moves (see run()).
+  struct alignas(64) Served {
+    std::atomic<uint64_t> n{0};
+  };
+  std::unique_ptr<Served[]> served_;  // made by start(), one per poller
+  uint64_t others_served(uint32_t part) const;
   Bell bell_;
   int64_t bell_check_ns_ = 0;
   std::vector<std::thread> threads_;

@@ -28,12 +28,12 @@ uint32_t cpu_pollers() {
   }
   // Measured on an H100 host with 16 hardware threads, chimaera-bench's
   // "gpu0->cpu 1056 warps" row at 64 bytes (2026-11-27, docs/performance.md):
-  // 4 pollers 15-22, 8 pollers 37-41 M tasks/s.  8 is not the default: poller
-  // k serves tickets k, k + P, ..., so one thread's lone tasks reach each
-  // poller every P round trips, and past gpu.poller_spin_ns (at 1 KiB with
-  // 8 pollers) the poller naps before it sees its next one.
+  // 4 pollers 15-22, 8 pollers 37-41 M tasks/s.  Poller k serves tickets k,
+  // k + P, ...: one thread's lone tasks reach each poller every P round
+  // trips, so an idle poller spins while any poller of the group serves
+  // (CpuPoller::run), else 8 pollers made lone 1 KiB tasks 10-17 us slower.
   const unsigned hw = std::thread::hardware_concurrency();
-  return hw >= 16 ? 4 : hw >= 8 ? 2 : 1;
+  return hw >= 16 ? 8 : hw >= 8 ? 2 : 1;
 }
 
 // How long chi_dev_wait polls before it starts to nap.  CHI_GPU_WAIT_SPIN_NS

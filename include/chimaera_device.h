@@ -229,11 +229,24 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
   uint32_t *state = l->d2h_state + slot;
   const uint64_t *rec = l->d2h_reply + static_cast<uint64_t>(slot) * CHI_DEV_LL_WORDS;
   uint32_t expect = (gen << 8) | CHI_DEV_SLOT_SUBMITTED;
-  const bool claimed = chi_port::cas_relaxed_dev(state, &expect, (gen << 8) | CHI_DEV_SLOT_CLAIMED);
   const bool want_ll = output != nullptr && output_capacity > 0u && output_capacity <= CHI_DEV_REPLY_LL_OUTPUT;
   uint64_t w0, w1, x2 = 0, x3 = 0;
-  if (want_ll) chi_port::ll_load16(rec + 2, &x2, &x3);
-  chi_port::ll_load16_acquire_sys(rec, &w0, &w1);
+  bool claimed;
+  if (timeout_ns == 0) {
+    /* Poll once: a kernel that polls in a loop must not pay a claim and its
+     * undoing per poll.  The state is read beside the poll and the claim is
+     * made only once the reply is there. */
+    const uint32_t s = chi_port::ld_relaxed_dev(state);
+    if (want_ll) chi_port::ll_load16(rec + 2, &x2, &x3);
+    chi_port::ll_load16_acquire_sys(rec, &w0, &w1);
+    if (s != expect) return CHI_ERR_INVALID;
+    if (ll_flag(w0) != gen) return CHI_ERR_TIMEOUT;
+    claimed = chi_port::cas_relaxed_dev(state, &expect, (gen << 8) | CHI_DEV_SLOT_CLAIMED);
+  } else {
+    claimed = chi_port::cas_relaxed_dev(state, &expect, (gen << 8) | CHI_DEV_SLOT_CLAIMED);
+    if (want_ll) chi_port::ll_load16(rec + 2, &x2, &x3);
+    chi_port::ll_load16_acquire_sys(rec, &w0, &w1);
+  }
   if (!claimed) return CHI_ERR_INVALID;
   while (ll_flag(w0) != gen) {
     const uint64_t waited = chi_port::timer_ns() - t0;

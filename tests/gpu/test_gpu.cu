@@ -171,6 +171,29 @@ __global__ void k_errors(chi_dev_context_t ctx, chi_route_t route, uint32_t max,
   /* A future of the other route kind and a forged one. */
   st[14] = chi_dev_wait(&ctx, f ^ (3ull << 52), 0, out, 64, &osz);
   st[15] = chi_dev_wait(&ctx, f + 5, 0, out, 64, &osz);
+  /* chi_dev_wait with timeout 0 in a loop until the result comes, into an
+   * 8-byte buffer (the reply's LL words) and a 64-byte one: TIMEOUT leaves
+   * the future valid, the result is whole, and the future is consumed. */
+  for (int k = 0; k < 2; ++k) {
+    const uint32_t n = k == 0 ? 8u : 64u;
+    gt_fill(in, n, 900 + n);
+    for (uint32_t b = 0; b < n; ++b) out[b] = 0;
+    chi_status_t s = chi_dev_submit(&ctx, route, CHI_METHOD_ECHO, in, n, &f);
+    uint32_t polls = 0;
+    t0 = chi_port::timer_ns();
+    while (s == CHI_OK && chi_port::timer_ns() - t0 < (uint64_t)GT_WAIT_NS) {
+      s = chi_dev_wait(&ctx, f, 0, out, n, &osz);
+      ++polls;
+      if (s != CHI_ERR_TIMEOUT) break;
+      s = CHI_OK;
+    }
+    int same = osz == n;
+    for (uint32_t b = 0; same && b < n; ++b) same = out[b] == gt_byte(900 + n, b);
+    st[16 + 2 * k] = s;
+    st[17 + 2 * k] = same;
+    val[2 + k] = polls;
+    st[20 + k] = chi_dev_wait(&ctx, f, 0, out, n, &osz); /* consumed: INVALID */
+  }
 }
 
 /* One thread: a CPU handler that takes 150 ms against a 5 ms device wait. */
@@ -304,6 +327,14 @@ static void run_errors(chi_route_t route) {
     if (g_st[i] != want[i])
       fail_msg("route %d, step %d: got %d (%s), want %d", route, i, g_st[i],
                chi_status_string(g_st[i]), want[i]);
+  /* The timeout-0 poll loops: OK with the whole result, then INVALID. */
+  const int32_t want_poll[6] = {CHI_OK, 1, CHI_OK, 1, CHI_ERR_INVALID, CHI_ERR_INVALID};
+  printf("# route %d: timeout-0 polls until the result: %u (8 B), %u (64 B)\n", route, g_val[2],
+         g_val[3]);
+  for (int i = 0; i < 6; ++i)
+    if (g_st[16 + i] != want_poll[i])
+      fail_msg("route %d, poll step %d: got %d (%s), want %d", route, i, g_st[16 + i],
+               chi_status_string(g_st[16 + i]), want_poll[i]);
   assert_int_equal(g_val[0], 64);
   assert_int_equal(g_val[1], 64);
 }
