@@ -147,6 +147,8 @@ CHI_DEVICE_NOINLINE chi_status_t run_handler(const chi_dev_orch_state_t *st, chi
   return s;
 }
 
+/* One GPU->GPU task (warp-collective): a lone task, without the batch's
+ * bookkeeping (about 0.2 us less on an H100, gpu_breakdown). */
 template <class D>
 CHI_DEVICE_NOINLINE void run_device_task(const chi_dev_orch_state_t *st, uint32_t slot, uint32_t lane) {
   const chi_dev_layout *l = layout(&st->ctx);
@@ -174,6 +176,69 @@ CHI_DEVICE_NOINLINE void run_device_task(const chi_dev_orch_state_t *st, uint32_
         expect == ((w & ~0xFFu) | CHI_DEV_SLOT_RELEASED)) {
       chi_port::st_relaxed_dev(l->d2d_state + slot, (w & ~0xFFu) | CHI_DEV_SLOT_CLAIMED);
       bitmap_free(l->d2d_bitmap, slot);
+    }
+  }
+  chi_port::syncwarp();
+}
+
+/* Runs the n (<= warp size) GPU->GPU tasks a worker popped at once
+ * (warp-collective; lane k < n holds the slot of task k in `mine`).  The
+ * state words and headers of all n come in one round trip, the handlers run
+ * one after another, and the results are published together: each lane k
+ * writes task k's header and makes its release CAS, all in flight at once,
+ * instead of a store and a CAS round trip per task.  A waiter therefore sees
+ * its task done once the whole batch ran (at most kPopBatch tasks). */
+template <class D>
+CHI_DEVICE_NOINLINE void run_device_batch(const chi_dev_orch_state_t *st, uint32_t mine, uint32_t n,
+                                          uint32_t lane) {
+  if (n == 1u) {
+    run_device_task<D>(st, chi_port::shfl(mine, 0), lane);
+    return;
+  }
+  const chi_dev_layout *l = layout(&st->ctx);
+  const uint64_t stride = CHI_DEV_SLOT_HEADER + 2u * l->payload_stride;
+  const bool has = lane < n;
+  chi_dev_slot_header_t *mh =
+      has ? reinterpret_cast<chi_dev_slot_header_t *>(l->d2d_slots + static_cast<uint64_t>(mine) * stride) : nullptr;
+  uint32_t w = 0, method = 0, isize = 0;
+  if (has) {
+    w = chi_port::ld_relaxed_dev(l->d2d_state + mine); /* for its generation */
+    method = mh->method;
+    isize = mh->input_size;
+  }
+  chi_status_t my_status = CHI_OK;
+  uint32_t my_osize = 0;
+  for (uint32_t k = 0; k < n; ++k) {
+    const uint32_t slot = chi_port::shfl(mine, static_cast<int>(k));
+    uint8_t *base = l->d2d_slots + static_cast<uint64_t>(slot) * stride;
+    chi_dev_request_t r;
+    r.method = chi_port::shfl(method, static_cast<int>(k));
+    r.source = l->gpu;
+    r.input = base + CHI_DEV_SLOT_HEADER;
+    r.input_size = chi_port::shfl(isize, static_cast<int>(k));
+    r.output = base + CHI_DEV_SLOT_HEADER + l->payload_stride;
+    r.output_capacity = l->max_payload;
+    r.output_size = 0;
+    r.ctx = &st->ctx;
+    const chi_status_t s = r.input_size > l->max_payload ? CHI_ERR_PROTOCOL : run_handler<D>(st, &r, lane);
+    if (lane == k) {
+      my_status = s;
+      my_osize = r.input_size > l->max_payload ? 0u : r.output_size;
+    }
+  }
+  /* Every lane's output stores are ordered before each lane's release CAS by
+   * this warp barrier (as with one task: the CAS publishes what the warp wrote). */
+  chi_port::syncwarp();
+  if (has) {
+    mh->status = my_status;
+    mh->output_size = my_osize;
+    /* A future released meanwhile (chi_dev_release) has nobody to take the
+     * result: the slot is freed here. */
+    uint32_t expect = (w & ~0xFFu) | CHI_DEV_SLOT_SUBMITTED;
+    if (!chi_port::cas_acq_rel_dev(l->d2d_state + mine, &expect, (w & ~0xFFu) | CHI_DEV_SLOT_DONE) &&
+        expect == ((w & ~0xFFu) | CHI_DEV_SLOT_RELEASED)) {
+      chi_port::st_relaxed_dev(l->d2d_state + mine, (w & ~0xFFu) | CHI_DEV_SLOT_CLAIMED);
+      bitmap_free(l->d2d_bitmap, mine);
     }
   }
   chi_port::syncwarp();
@@ -346,7 +411,7 @@ CHI_DEVICE_NOINLINE void close_and_drain(const chi_dev_orch_state_t *st, uint32_
     uint32_t mine = 0;
     const uint32_t n = queue_pop_warp(l, lane, kPopBatch, qhead, &mine);
     chi_port::syncwarp();
-    for (uint32_t k = 0; k < n; ++k) run_device_task<D>(st, chi_port::shfl(mine, static_cast<int>(k)), lane);
+    run_device_batch<D>(st, mine, n, lane);
   }
 }
 
@@ -454,7 +519,7 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
       uint32_t mine = 0;
       const uint32_t n = queue_pop_warp(l, lane, kPopBatch, &qhead, &mine);
       chi_port::syncwarp(); /* orders the lanes' acquires before the other lanes' reads */
-      for (uint32_t k = 0; k < n; ++k) run_device_task<D>(st, chi_port::shfl(mine, static_cast<int>(k)), lane);
+      if (n) run_device_batch<D>(st, mine, n, lane);
       ran += n;
     }
     if (sweeper && chi_port::shfl(released, 1) != 0u) {
