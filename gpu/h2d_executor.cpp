@@ -6,12 +6,15 @@
 #include "base/error.h"
 #include "core/futex.h"
 #include "core/runtime.h"
+#include "core/stats.h"
 #include "gpu/cpu_poller.h"
 #include "gpu/ll.h"
 
 namespace chi::gpu {
 
 namespace {
+
+thread_local uint32_t tls_free_hint = 0;  // the shard this thread last took a slot from
 
 // Waits for a condition: spins spin_ns, then sleeps, doubling the nap up to
 // max_nap_ns.  Returns false when the deadline (< 0: none) passes first.
@@ -51,11 +54,12 @@ H2dExecutor::H2dExecutor(Runtime &rt, int32_t gpu, const Shape &shape, uint64_t 
       buf_(buf),
       state_(new std::atomic<uint32_t>[shape.h2d_slots]),
       method_(new uint32_t[shape.h2d_slots]) {
-  free_.init(shape.h2d_slots);
-  for (uint32_t i = 0; i < shape.h2d_slots; ++i) {
+  free_.init(shape.h2d_slots, kFreeShards);
+  // Dealt round the shards, so that every thread starts with some of its own.
+  for (uint32_t i = shape.h2d_slots; i-- > 0;) {
     state_[i].store(0, std::memory_order_relaxed);
     method_[i] = 0;
-    free_.push(i);
+    free_.push(i % kFreeShards, i);
   }
 }
 
@@ -76,7 +80,7 @@ bool H2dExecutor::finished(uint32_t slot, uint32_t gen) const {
 void H2dExecutor::recycle(uint32_t slot) {
   uint32_t w = state_[slot].load(std::memory_order_relaxed);
   state_[slot].store(w & ~0xFFu, std::memory_order_release);  // same generation, free
-  free_.push(slot);
+  free_.push(thread_index() % kFreeShards, slot);
 }
 
 void H2dExecutor::reap() {
@@ -106,9 +110,10 @@ uint32_t H2dExecutor::in_flight() const {
 }
 
 bool H2dExecutor::take_slot(uint32_t *slot) {
-  if (free_.pop(slot)) return true;
+  const uint32_t shard = thread_index() % kFreeShards;
+  if (free_.pop(shard, slot, &tls_free_hint)) return true;
   reap();
-  if (free_.pop(slot)) return true;
+  if (free_.pop(shard, slot, &tls_free_hint)) return true;
   const Config &cfg = rt_.config();
   // From a handler, blocking on the queue its own GPU must drain can deadlock.
   bool may_block = cfg.submit_blocking && !rt_.cpu().on_worker_thread() && !on_poller_thread() &&
@@ -116,9 +121,9 @@ bool H2dExecutor::take_slot(uint32_t *slot) {
   if (!may_block) return false;
   return wait_until(
       [&] {
-        if (free_.pop(slot)) return true;
+        if (free_.pop(shard, slot, &tls_free_hint)) return true;
         reap();
-        return free_.pop(slot);
+        return free_.pop(shard, slot, &tls_free_hint);
       },
       int64_t(cfg.submit_timeout_ms) * 1000000, cfg.spin_ns, 100000);
 }
@@ -184,11 +189,17 @@ chi_status_t H2dExecutor::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, 
     return set_error(CHI_ERR_SHUTDOWN, "GPU %d: runtime shut down before the task ran", gpu_);
   }
   // The header's two words are stored by one lane, back to back.
+  // The clock is read only if a word is late (a read costs tens of ns on
+  // some virtual machines, as much as the rest of this path).
   uint64_t w1;
-  const int64_t t0 = now_ns();
+  int64_t t0 = 0;
+  auto torn = [&] {
+    const int64_t now = now_ns();
+    if (t0 == 0) t0 = now;
+    return now - t0 > 1000000000;
+  };
   while (ll_flag(w1 = ll_load(rec + 1)) != gen) {
-    if (now_ns() - t0 > 1000000000)
-      return set_error(CHI_ERR_INTERNAL, "GPU %d: torn completion record", gpu_);
+    if (torn()) return set_error(CHI_ERR_INTERNAL, "GPU %d: torn completion record", gpu_);
     cpu_relax();
   }
   const chi_status_t status = chi_status_t(ll_data(ll_load(rec)));
@@ -204,7 +215,7 @@ chi_status_t H2dExecutor::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, 
   if (output && osize) {
     if (osize <= CHI_DEV_LL_INLINE) {
       while (!ll_get_payload(rec, output, osize, gen)) {
-        if (now_ns() - t0 > 1000000000) {
+        if (torn()) {
           recycle(slot);
           return set_error(CHI_ERR_INTERNAL, "GPU %d: torn completion record", gpu_);
         }
