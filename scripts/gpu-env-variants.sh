@@ -11,7 +11,8 @@
 #               GPU_VAR_LIST='CHI_GPU_POLLERS=4;CHI_GPU_POLLERS=8' bash scripts/gpu-env-variants.sh",
 #               carry=[".devdeps"])
 #
-# Environment: GPU_VAR_CMD (required), GPU_VAR_LIST (';'-separated; each
+# Environment: GPU_VAR_CMD (required), GPU_VAR_TARGETS (build only these
+# cmake targets, e.g. chimaera-bench, even if build-gpu exists), GPU_VAR_LIST (';'-separated; each
 # variant is space-separated VAR=VALUE words, '-' for none), GPU_VAR_ROUNDS
 # (default 2), GPU_VAR_GREP (default 'M tasks/s|p50'), GPU_VAR_TIMEOUT (per
 # run, default 60 s), GPU_VAR_BUDGET (seconds, default 540: runs that would
@@ -34,7 +35,16 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | tee -a "
 . scripts/gpu-deps.sh  # the Debian libraries the machine lacks, and their path
 note "tree: $(git log -1 --format='%h %s' 2>/dev/null | cut -c1-100)$(git diff --quiet HEAD 2>/dev/null || echo ' (plus changes)')"
 note "command: $GPU_VAR_CMD"
-if [ ! -x build-gpu/src/tools/chimaera-bench ]; then
+if [ -n "${GPU_VAR_TARGETS:-}" ]; then
+  # Only these targets (a short lease): configured as gpu-run.sh does.
+  s0=$(date +%s)
+  mkdir -p "$OUT/build"
+  { PKG_CONFIG_SYSROOT_DIR=/opt/deps cmake -S . -B build-gpu -G Ninja -DCHI_ENABLE_CUDA=ON \
+      -DCHI_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_STANDARD=17 -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
+    cmake --build build-gpu -j 16 --target $GPU_VAR_TARGETS; } >"$OUT/build/build.log" 2>&1 ||
+    { note "build FAILED"; tail -30 "$OUT/build/build.log" | tee -a "$SUMMARY"; exit 1; }
+  note "build of $GPU_VAR_TARGETS: $(( $(date +%s) - s0 )) s"
+elif [ ! -x build-gpu/src/tools/chimaera-bench ]; then
   s0=$(date +%s)
   GPU_RUN_STEPS=build OUT=$OUT/build bash scripts/gpu-run.sh >/dev/null 2>&1 ||
     { note "build FAILED"; tail -30 "$OUT/build/build.log" | tee -a "$SUMMARY"; exit 1; }
