@@ -298,9 +298,10 @@ chi_status_t engine_submit(chi::Runtime *e, chi_route_t route, chi_method_t meth
 // chi_submit past the checks of its handle and future.
 chi_status_t submit_one(chi_runtime_t *rt, chi_route_t route, chi_method_t method, const void *input,
                         size_t input_size, chi_future_t *future) {
+  // The engine paths check the task in engine_submit (check_task).
+  if (rt->engine) return engine_submit(rt->engine, route, method, input, input_size, future);
   if (!input && input_size)
     return set_error(CHI_ERR_INVALID, "input is NULL but input_size is %zu", input_size);
-  if (rt->engine) return engine_submit(rt->engine, route, method, input, input_size, future);
   if (!(method & chi::kLocalMethodBit)) return rt->client->submit(route, method, input, input_size, future);
   // One of this client's own handlers: it runs here, on the local pool.
   chi::Runtime *l = rt->client->local_if_any();
