@@ -196,10 +196,8 @@ uint8_t *CpuExecutor::input_of(uint32_t index, size_t size) const {
   return size <= RunQueue::kInline ? base : base + large_input_at_;
 }
 
-uint8_t *CpuExecutor::input_dst(void *ctx, uint32_t) {
-  PoppedInput *in = static_cast<PoppedInput *>(ctx);
-  in->here = true;
-  return in->buf;
+uint8_t *CpuExecutor::input_dst(void *self, uint32_t slot) {
+  return static_cast<CpuExecutor *>(self)->input_of(slot, RunQueue::kInline);
 }
 
 void set_submit_never_blocks(bool on) { tls_submit_never_blocks = on; }
@@ -479,7 +477,7 @@ void CpuExecutor::wake_one() {
   futex_wake(&idle_seq_, 1);
 }
 
-void CpuExecutor::run_task(const QueuedTask &task, const void *input) {
+void CpuExecutor::run_task(const QueuedTask &task) {
   const uint32_t index = task.slot;
   Slot *s = slot_at(index);
   if (s->sink) {
@@ -492,8 +490,8 @@ void CpuExecutor::run_task(const QueuedTask &task, const void *input) {
     }
   }
   size_t out_size = 0;
-  chi_status_t st = run_cpu_handler(reg_, task.method, CHI_ROUTE_CPU, input, task.input_size,
-                                    output_of(index), payload_, &out_size);
+  chi_status_t st = run_cpu_handler(reg_, task.method, CHI_ROUTE_CPU, input_of(index, task.input_size),
+                                    task.input_size, output_of(index), payload_, &out_size);
   if (RemoteSink *sink = s->sink) {
     s->sink = nullptr;
     sink->complete(s->cookie, st, output_of(index), out_size);
@@ -507,10 +505,9 @@ void CpuExecutor::run_task(const QueuedTask &task, const void *input) {
   if (slot::publish(s->state, gen) == slot::kOrphan) free_slot(index);
 }
 
-bool CpuExecutor::pop_task(QueuedTask *task, bool own_only, PoppedInput *in) {
+bool CpuExecutor::pop_task(QueuedTask *task, bool own_only) {
   const bool worker = on_worker_thread();
-  in->here = false;
-  if (worker && local_[tls_worker].pop(task, input_dst, in)) return true;
+  if (worker && local_[tls_worker].pop(task, input_dst, this)) return true;
   if (own_only) return false;
   // Application threads' queues, this worker's own first, except on one
   // pop in kRotateEvery, which starts at the next queue in turn: a worker
@@ -519,12 +516,12 @@ bool CpuExecutor::pop_task(QueuedTask *task, bool own_only, PoppedInput *in) {
   uint32_t first = worker ? tls_worker & (nrings_ - 1) : 0;
   if (++tls_pops % kRotateEvery == 0) first = (first + tls_pops / kRotateEvery) & (nrings_ - 1);
   for (uint32_t k = 0, r = first; k < nrings_; ++k, r = r + 1 == nrings_ ? 0 : r + 1)
-    if (run_[r].pop(task, input_dst, in)) return true;
+    if (run_[r].pop(task, input_dst, this)) return true;
   // Steal children that busy handlers queued on their own workers.
   uint32_t n = cfg_.workers, start = worker ? tls_worker + 1 : 0;
   for (uint32_t k = 0; k < n; ++k) {
     uint32_t w = (start + k) % n;
-    if (local_[w].pop(task, input_dst, in)) return true;
+    if (local_[w].pop(task, input_dst, this)) return true;
   }
   return false;
 }
@@ -543,8 +540,7 @@ void CpuExecutor::worker_main(unsigned id) {
   tls_worker = id;
   for (;;) {
     QueuedTask task;
-    PoppedInput in;
-    if (pop_task(&task, false, &in)) {
+    if (pop_task(&task, false)) {
       // Submitters skip the wake while some worker spins.  This worker has
       // just stopped spinning (its count dropped before the pop): if more
       // work is queued and no one else spins, it passes the wake on, or that
@@ -559,7 +555,7 @@ void CpuExecutor::worker_main(unsigned id) {
       if (sleepers_.load(std::memory_order_relaxed) != 0 &&
           spinners_.load(std::memory_order_relaxed) == 0 && any_task() && wake_wanted())
         wake_one();
-      run_task(task, popped_input(task, in));
+      run_task(task);
       continue;
     }
     bool found = false;
@@ -627,10 +623,9 @@ chi_status_t CpuExecutor::wait_done(uint32_t slot, uint32_t gen, int64_t timeout
     const bool own_only = tls_help_depth >= kMaxHelpDepth;
     auto help = [&] {
       QueuedTask task;
-      PoppedInput in;
-      if (!p.helper || !pop_task(&task, own_only, &in)) return false;
+      if (!p.helper || !pop_task(&task, own_only)) return false;
       ++tls_help_depth;
-      run_task(task, popped_input(task, in));
+      run_task(task);
       --tls_help_depth;
       return true;
     };

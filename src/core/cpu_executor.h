@@ -109,25 +109,11 @@ class CpuExecutor final : public Executor {
   // take's wait alone: CHI_OK with *word the state once the task is done,
   // nothing claimed; else CHI_ERR_TIMEOUT or CHI_ERR_INVALID with a message.
   chi_status_t wait_done(uint32_t slot, uint32_t gen, int64_t timeout_ns, int64_t since_ns, uint32_t *word);
-  // Where a popped task's inline input lands: a buffer of the popping
-  // thread (on its stack), not the slot's input lines, which the worker
-  // would otherwise write while they may sit in another core's cache.
-  // Inputs that spilled or are larger than kInline are in the slot.
-  struct PoppedInput {
-    uint8_t buf[RunQueue::kInline];
-    bool here = false;  // this pop's inline input is in buf
-  };
-  // Runs a popped task whose input is at `input`.
-  void run_task(const QueuedTask &task, const void *input);
-  // Pops a task; *in receives its input if it came inline in a ring cell.
-  bool pop_task(QueuedTask *task, bool own_only, PoppedInput *in);
-  // The input of a task popped into *in.
-  const void *popped_input(const QueuedTask &task, const PoppedInput &in) {
-    return in.here ? static_cast<const void *>(in.buf) : input_of(task.slot, task.input_size);
-  }
+  void run_task(const QueuedTask &task);
+  bool pop_task(QueuedTask *task, bool own_only);
   // Queues an application thread's task on its run queue, else another one.
   void push_shared(const QueuedTask &task, const void *input, uint8_t *slot_input);
-  static uint8_t *input_dst(void *ctx, uint32_t slot);
+  static uint8_t *input_dst(void *self, uint32_t slot);
   bool any_task() const;
   void worker_main(unsigned id);
   static void *worker_entry(void *arg);
