@@ -544,17 +544,12 @@ void CpuExecutor::worker_main(unsigned id) {
       // Submitters skip the wake while some worker spins.  This worker has
       // just stopped spinning (its count dropped before the pop): if more
       // work is queued and no one else spins, it passes the wake on, or that
-      // work would wait behind a long handler while sleepers sleep.  Cheap
-      // tests first: with nobody asleep, or somebody spinning, there is no
-      // wake to pass on (a worker that goes to sleep later looks at the
-      // queues after it says so), and these two lines rarely change, so
-      // under load the worker pays two shared reads per task instead of a
-      // fence and a read of every queue's head cell (32 lines on a 16-core
-      // machine).  A stale read here can only leave more work to this worker,
-      // after its task: it finds that work on its next pop.
-      if (sleepers_.load(std::memory_order_relaxed) != 0 &&
-          spinners_.load(std::memory_order_relaxed) == 0 && any_task() && wake_wanted())
-        wake_one();
+      // work would wait behind a long handler while sleepers sleep.  The
+      // cheap test first: any_task() reads the head cell of every queue (32
+      // lines on a 16-core machine), and with nobody asleep, or somebody
+      // spinning, there is no wake to pass on (a worker that goes to sleep
+      // later looks at the queues after it says so, as for submitters).
+      if (wake_wanted() && any_task()) wake_one();
       run_task(task);
       continue;
     }
