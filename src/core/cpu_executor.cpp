@@ -463,16 +463,10 @@ uint32_t CpuExecutor::slots_in_use() const {
 // Wakes a sleeping worker unless one is already spinning on the queues: a
 // spinning worker will take the task, and a futex wake costs microseconds.
 void CpuExecutor::notify_worker() {
-  if (wake_wanted()) wake_one();
-}
-
-bool CpuExecutor::wake_wanted() const {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   // sleepers_ first: it rarely changes, so its line stays shared and cheap.
-  return sleepers_.load(std::memory_order_seq_cst) != 0 && spinners_.load(std::memory_order_seq_cst) == 0;
-}
-
-void CpuExecutor::wake_one() {
+  if (sleepers_.load(std::memory_order_seq_cst) == 0) return;
+  if (spinners_.load(std::memory_order_seq_cst) > 0) return;
   idle_seq_.fetch_add(1, std::memory_order_release);
   futex_wake(&idle_seq_, 1);
 }
@@ -544,12 +538,8 @@ void CpuExecutor::worker_main(unsigned id) {
       // Submitters skip the wake while some worker spins.  This worker has
       // just stopped spinning (its count dropped before the pop): if more
       // work is queued and no one else spins, it passes the wake on, or that
-      // work would wait behind a long handler while sleepers sleep.  The
-      // cheap test first: any_task() reads the head cell of every queue (32
-      // lines on a 16-core machine), and with nobody asleep, or somebody
-      // spinning, there is no wake to pass on (a worker that goes to sleep
-      // later looks at the queues after it says so, as for submitters).
-      if (wake_wanted() && any_task()) wake_one();
+      // work would wait behind a long handler while sleepers sleep.
+      if (any_task()) notify_worker();
       run_task(task);
       continue;
     }

@@ -119,10 +119,6 @@ class CpuExecutor final : public Executor {
   static void *worker_entry(void *arg);
   chi_status_t start_worker(unsigned id);
   void notify_worker();
-  // notify_worker's halves: whether a sleeping worker should be woken (no
-  // worker spins, one sleeps; after a full fence), and the wake.
-  bool wake_wanted() const;
-  void wake_one();
 
   const Config &cfg_;
   const Registry &reg_;
