@@ -91,7 +91,18 @@ if [ "$report_only" != 1 ]; then
 for i in "${!sides[@]}"; do build "${sides[$i]}" "${commits[$i]}"; done
 fi
 
+# A fresh copy of a build's binary and library before each run: a file keeps
+# its page-cache pages, so without this each build ran all its rounds from
+# the same physical pages, and their cache placement made builds of one
+# commit differ by 3-6% in p50 (an A/A run, docs/performance.md).
+refresh() { # side
+  local f
+  for f in "$dir/build-$1/src/tools/chimaera-bench" $(find "$dir/build-$1" -maxdepth 2 -type f -name 'libchimaera.so*'); do
+    cp -p "$f" "$f.fresh" && mv -f "$f.fresh" "$f"
+  done
+}
 bench() { # side round
+  refresh "$1"
   # shellcheck disable=SC2086
   CHI_GPU_DEVICES=0 "$dir/build-$1/src/tools/chimaera-bench" --iters "$ITERS" $ARGS \
     >"$dir/run-$1-$2.txt" 2>&1 || echo "(run $1 $2 exited $?)" >&2
