@@ -231,19 +231,32 @@ CpuExecutor::Take CpuExecutor::try_acquire(uint32_t *index) {
   // never used before costs fresh memory.
   if (free_.pop(thread_index() % kFreeShards, index, &tls_free_hint)) return Take::kGot;
   // No slot to recycle: one never used before, committing memory for more.
+  bool no_memory = false;
+  if (take_fresh(1, index, &no_memory)) return Take::kGot;
+  return no_memory ? Take::kNoMemory : Take::kFull;
+}
+
+uint32_t CpuExecutor::take_fresh(uint32_t want, uint32_t *out, bool *no_memory) {
+  uint32_t got = 0;
   uint32_t f = fresh_.load(std::memory_order_relaxed);
-  for (;;) {
-    if (f >= nslots_) return Take::kFull;
-    if (f >= committed_.load(std::memory_order_acquire)) {
-      if (!grow(f + 1)) return Take::kNoMemory;
+  while (got < want && f < nslots_) {
+    const uint32_t c = committed_.load(std::memory_order_acquire);
+    if (f >= c) {
+      // grow() leaves the message for the caller to report.
+      if (!grow(std::min(nslots_, f + (want - got)))) {
+        *no_memory = true;
+        break;
+      }
       f = fresh_.load(std::memory_order_relaxed);
       continue;
     }
-    if (fresh_.compare_exchange_weak(f, f + 1, std::memory_order_relaxed)) {
-      *index = f;
-      return Take::kGot;
+    const uint32_t k = std::min(want - got, c - f);
+    if (fresh_.compare_exchange_weak(f, f + k, std::memory_order_relaxed)) {
+      for (uint32_t j = 0; j < k; ++j) out[got++] = f + j;
+      f += k;
     }
   }
+  return got;
 }
 
 chi_status_t CpuExecutor::acquire_slot(uint32_t *index, bool may_block) {
@@ -275,16 +288,7 @@ chi_status_t CpuExecutor::acquire_slot(uint32_t *index, bool may_block) {
   }
 }
 
-void CpuExecutor::free_slot(uint32_t index) {
-  Slot *s = slot_at(index);
-  slot::set_free(s->state);
-  free_.push(thread_index() % kFreeShards, index);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (free_waiters_.load(std::memory_order_relaxed) > 0) {
-    free_seq_.fetch_add(1, std::memory_order_release);
-    futex_wake(&free_seq_, 1);
-  }
-}
+void CpuExecutor::free_slot(uint32_t index) { free_slots(&index, 1); }
 
 void CpuExecutor::free_slots(const uint32_t *indices, uint32_t n) {
   for (uint32_t i = 0; i < n; ++i) slot::set_free(slot_at(indices[i])->state);
@@ -305,21 +309,9 @@ uint32_t CpuExecutor::take_slots(uint32_t want, uint32_t *out) {
     got += k;
   }
   // Not enough to recycle: slots never used before, a run of them per CAS.
-  uint32_t f = fresh_.load(std::memory_order_relaxed);
-  while (got < want && f < nslots_) {
-    const uint32_t c = committed_.load(std::memory_order_acquire);
-    if (f >= c) {
-      // A failure leaves the message; acquire_slot() then reports it.
-      if (!grow(std::min(nslots_, f + (want - got)))) break;
-      f = fresh_.load(std::memory_order_relaxed);
-      continue;
-    }
-    const uint32_t k = std::min(want - got, c - f);
-    if (fresh_.compare_exchange_weak(f, f + k, std::memory_order_relaxed)) {
-      for (uint32_t j = 0; j < k; ++j) out[got++] = f + j;
-      f += k;
-    }
-  }
+  // A failure to commit memory leaves its message; acquire_slot() reports it.
+  bool no_memory = false;
+  if (got < want) got += take_fresh(want - got, out + got, &no_memory);
   return got;
 }
 
@@ -355,9 +347,7 @@ void CpuExecutor::queue_chunk(const chi_task_desc_t *tasks, const uint32_t *indi
     Slot *s = slot_at(index);
     s->sink = nullptr;
     const uint32_t g = slot::begin(s->state);
-    s->method = t.method;
-    s->submit_ns = RouteStats::sample() ? now_ns() : 0;
-    if (t.input_size > RunQueue::kInline) std::memcpy(input_of(index, t.input_size), t.input, t.input_size);
+    fill_slot(index, t.method, t.input, t.input_size);
     q[i] = QueuedTask{index, t.method, uint32_t(t.input_size)};
     in[i] = t.input;
     futures[i] = encode_future(tag, kCpuPool, g, index);
@@ -425,13 +415,17 @@ bool CpuExecutor::cancel_remote(uint32_t index, uint32_t gen) {
   return slot::leave_queue(slot_at(index)->state, gen, slot::kRemoteCancelled);
 }
 
-void CpuExecutor::queue_task(uint32_t index, chi_method_t method, const void *input,
-                             size_t input_size, bool worker) {
+void CpuExecutor::fill_slot(uint32_t index, chi_method_t method, const void *input, size_t input_size) {
   Slot *s = slot_at(index);
   s->method = method;
   // Remote tasks are timed by the server that took them.
   s->submit_ns = !s->sink && RouteStats::sample() ? now_ns() : 0;
   if (input_size > RunQueue::kInline) std::memcpy(input_of(index, input_size), input, input_size);
+}
+
+void CpuExecutor::queue_task(uint32_t index, chi_method_t method, const void *input,
+                             size_t input_size, bool worker) {
+  fill_slot(index, method, input, input_size);
   // Never full: a queue holds at most nslots_ entries.  The push publishes the
   // slot.
   QueuedTask task{index, method, uint32_t(input_size)};

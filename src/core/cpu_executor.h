@@ -96,6 +96,11 @@ class CpuExecutor final : public Executor {
   void free_slots(const uint32_t *indices, uint32_t n);
   // Up to want free slots without waiting, recycled first; 0: none now.
   uint32_t take_slots(uint32_t want, uint32_t *out);
+  // Up to want slots never used before, a run per CAS, committing memory
+  // for more as needed; *no_memory set when that failed (grow() said why).
+  uint32_t take_fresh(uint32_t want, uint32_t *out, bool *no_memory);
+  // A slot's method, sampled submit time and large input, before it is queued.
+  void fill_slot(uint32_t index, chi_method_t method, const void *input, size_t input_size);
   // The tasks of one chunk into their slots and the run queues.
   void queue_chunk(const chi_task_desc_t *tasks, const uint32_t *indices, uint32_t n, bool worker,
                    uint32_t tag, chi_future_t *futures);

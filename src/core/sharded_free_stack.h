@@ -27,18 +27,7 @@ class ShardedFreeStack {
   }
   uint32_t shards() const { return shards_; }
 
-  void push(uint32_t shard, uint32_t index) {
-    std::atomic<uint64_t> &head = heads_[shard].word;
-    uint64_t old = head.load(std::memory_order_relaxed);
-    for (;;) {
-      next_[index].store(index_of(old), std::memory_order_relaxed);
-      // Release: whoever pops the index sees next_[index] and everything the
-      // freeing thread wrote to the slot before (its state word: free).
-      if (head.compare_exchange_weak(old, pack(tag_of(old) + 1, index), std::memory_order_release,
-                                     std::memory_order_relaxed))
-        return;
-    }
-  }
+  void push(uint32_t shard, uint32_t index) { push_many(shard, &index, 1); }
 
   // Pushes indices[0..n) (n >= 1) with one CAS: they are chained among
   // themselves first, so the head's line moves once for the whole group.
@@ -48,6 +37,8 @@ class ShardedFreeStack {
     uint64_t old = head.load(std::memory_order_relaxed);
     for (;;) {
       next_[indices[n - 1]].store(index_of(old), std::memory_order_relaxed);
+      // Release: whoever pops an index sees its link and everything the
+      // freeing thread wrote to the slot before (its state word: free).
       if (head.compare_exchange_weak(old, pack(tag_of(old) + 1, indices[0]), std::memory_order_release,
                                      std::memory_order_relaxed))
         return;
@@ -61,6 +52,7 @@ class ShardedFreeStack {
     uint32_t s = *hint < shards_ ? *hint : 0;
     for (uint32_t k = 0; k < shards_; ++k, s = s + 1 == shards_ ? 0 : s + 1) {
       if (s == shard) continue;
+      // A plain load first: an empty shard costs a shared read, not a CAS.
       if (index_of(heads_[s].word.load(std::memory_order_relaxed)) == kNone) continue;
       if (uint32_t n = pop_chain(s, max, out)) {
         *hint = s;
@@ -73,20 +65,7 @@ class ShardedFreeStack {
   // A free index from `shard`, else from any other shard.  *hint (per thread,
   // may be shared by several stacks: only a starting point) remembers where
   // the last one came from.
-  bool pop(uint32_t shard, uint32_t *index, uint32_t *hint) {
-    if (pop_one(shard, index)) return true;
-    uint32_t s = *hint < shards_ ? *hint : 0;
-    for (uint32_t k = 0; k < shards_; ++k, s = s + 1 == shards_ ? 0 : s + 1) {
-      if (s == shard) continue;
-      // A plain load first: an empty shard costs a shared read, not a CAS.
-      if (index_of(heads_[s].word.load(std::memory_order_relaxed)) == kNone) continue;
-      if (pop_one(s, index)) {
-        *hint = s;
-        return true;
-      }
-    }
-    return false;
-  }
+  bool pop(uint32_t shard, uint32_t *index, uint32_t *hint) { return pop_many(shard, 1, index, hint) != 0; }
 
  private:
   struct alignas(64) Head {
@@ -96,30 +75,12 @@ class ShardedFreeStack {
   static uint32_t tag_of(uint64_t v) { return uint32_t(v >> 32); }
   static uint32_t index_of(uint64_t v) { return uint32_t(v); }
 
-  bool pop_one(uint32_t shard, uint32_t *index) {
-    std::atomic<uint64_t> &head = heads_[shard].word;
-    uint64_t old = head.load(std::memory_order_acquire);
-    for (;;) {
-      const uint32_t top = index_of(old);
-      if (top == kNone) return false;
-      // next_[top] may be stale if another thread popped `top` meanwhile (and
-      // perhaps pushed it on another shard, rewriting next_[top]): that pop
-      // bumped this head's tag, so the CAS below fails and the stale value is
-      // never installed.  next_[top] is written only by a push of `top`, which
-      // needs `top` popped from here first.
-      const uint32_t next = next_[top].load(std::memory_order_relaxed);
-      if (head.compare_exchange_weak(old, pack(tag_of(old) + 1, next), std::memory_order_acquire,
-                                     std::memory_order_acquire)) {
-        *index = top;
-        return true;
-      }
-    }
-  }
-
   // Up to max indices off the top of one shard.  The walk may read links
-  // that change under it, but any pop or push of this shard meanwhile bumps
-  // the tag and fails the CAS, and a link read is always an index or kNone,
-  // so a walk that wins the CAS read the chain as it stood.
+  // that change under it (another thread may pop an index meanwhile and push
+  // it on another shard, rewriting its link), but any pop or push of this
+  // shard meanwhile bumps the tag and fails the CAS, and a link read is
+  // always an index or kNone, so a walk that wins the CAS read the chain as
+  // it stood.
   uint32_t pop_chain(uint32_t shard, uint32_t max, uint32_t *out) {
     std::atomic<uint64_t> &head = heads_[shard].word;
     uint64_t old = head.load(std::memory_order_acquire);
