@@ -159,9 +159,10 @@ CHI_DEVICE chi_status_t chi_dev_try_submit(const chi_dev_context_t *ctx, chi_rou
  * Ownership: a result returned consumes the future and frees its slot.
  * Thread safety: any thread of any kernel on the future's GPU; concurrent
  * waiters of one future: one gets the result, the others CHI_ERR_INVALID.
- * A GPU->CPU future is claimed for the whole wait: while one thread waits on
- * it, chi_dev_wait, chi_dev_test and chi_dev_release of it in other threads
- * return CHI_ERR_INVALID. */
+ * A GPU->CPU future is claimed for the whole wait (timeout_ns != 0): while
+ * one thread waits on it, chi_dev_wait, chi_dev_test and chi_dev_release of
+ * it in other threads return CHI_ERR_INVALID.  A poll (timeout_ns == 0)
+ * claims it only when the result is there. */
 CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t future,
                                      int64_t timeout_ns, void *output, uint32_t output_capacity,
                                      uint32_t *output_size) {
@@ -213,10 +214,10 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
     return status;
   }
 
-  /* GPU->CPU: the reply is in host memory.  The future is claimed first: the
-   * claim (a device-memory atomic) is then in flight beside the first poll
-   * instead of after the reply, and is undone on a timeout or a buffer too
-   * small.  A poll is one round trip over PCIe: an acquire load of header
+  /* GPU->CPU: the reply is in host memory.  A wait with a timeout claims the
+   * future first: the claim (a device-memory atomic) is then in flight beside
+   * the first poll instead of after the reply, and is undone on a timeout or
+   * a buffer too small (a single poll claims only once the reply is there).  A poll is one round trip over PCIe: an acquire load of header
    * words 0-1 ({status, gen}, {output size, gen}).  When the buffer takes at
    * most CHI_DEV_REPLY_LL_OUTPUT bytes, a volatile load of words 2-3, which
    * carry such an output as LL words, is issued just before it while the

@@ -164,26 +164,40 @@ CHI_DEVICE void finish_device_task(const chi_dev_layout *l, uint32_t slot, uint3
   }
 }
 
+/* Runs the task in the GPU->GPU slot at `base` (warp-collective): the
+ * request over the slot's input and output areas, CHI_ERR_PROTOCOL for an
+ * input size over the maximum.  *output_size: the handler's (0 if it did
+ * not run). */
+template <class D>
+CHI_DEVICE chi_status_t run_slot_task(const chi_dev_orch_state_t *st, uint8_t *base, uint32_t method,
+                                      uint32_t input_size, uint32_t lane, uint32_t *output_size) {
+  const chi_dev_layout *l = layout(&st->ctx);
+  chi_dev_request_t r;
+  r.method = method;
+  r.source = l->gpu;
+  r.input = base + CHI_DEV_SLOT_HEADER;
+  r.input_size = input_size;
+  r.output = base + CHI_DEV_SLOT_HEADER + l->payload_stride;
+  r.output_capacity = l->max_payload;
+  r.output_size = 0;
+  r.ctx = &st->ctx;
+  const chi_status_t s = input_size > l->max_payload ? CHI_ERR_PROTOCOL : run_handler<D>(st, &r, lane);
+  *output_size = r.output_size;
+  return s;
+}
+
 /* One GPU->GPU task (warp-collective): a lone task, without the batch's
  * bookkeeping (about 0.2 us less on an H100, gpu_breakdown). */
 template <class D>
 CHI_DEVICE_NOINLINE void run_device_task(const chi_dev_orch_state_t *st, uint32_t slot, uint32_t lane) {
   const chi_dev_layout *l = layout(&st->ctx);
-  uint8_t *base = l->d2d_slots + static_cast<uint64_t>(slot) * (CHI_DEV_SLOT_HEADER + 2u * l->payload_stride);
+  uint8_t *base = d2d_slot(l, slot);
   chi_dev_slot_header_t *h = reinterpret_cast<chi_dev_slot_header_t *>(base);
   /* The state word (for its generation) in the same round trip as the header. */
   const uint32_t w = lane == 0 ? chi_port::ld_relaxed_dev(l->d2d_state + slot) : 0u;
-  chi_dev_request_t r;
-  r.method = h->method;
-  r.source = l->gpu;
-  r.input = base + CHI_DEV_SLOT_HEADER;
-  r.input_size = h->input_size;
-  r.output = base + CHI_DEV_SLOT_HEADER + l->payload_stride;
-  r.output_capacity = l->max_payload;
-  r.output_size = 0;
-  r.ctx = &st->ctx;
-  chi_status_t s = r.input_size > l->max_payload ? CHI_ERR_PROTOCOL : run_handler<D>(st, &r, lane);
-  if (lane == 0) finish_device_task(l, slot, w, h, s, r.output_size);
+  uint32_t osize;
+  const chi_status_t s = run_slot_task<D>(st, base, h->method, h->input_size, lane, &osize);
+  if (lane == 0) finish_device_task(l, slot, w, h, s, osize);
   chi_port::syncwarp();
 }
 
@@ -202,10 +216,8 @@ CHI_DEVICE_NOINLINE void run_device_batch(const chi_dev_orch_state_t *st, uint32
     return;
   }
   const chi_dev_layout *l = layout(&st->ctx);
-  const uint64_t stride = CHI_DEV_SLOT_HEADER + 2u * l->payload_stride;
   const bool has = lane < n;
-  chi_dev_slot_header_t *mh =
-      has ? reinterpret_cast<chi_dev_slot_header_t *>(l->d2d_slots + static_cast<uint64_t>(mine) * stride) : nullptr;
+  chi_dev_slot_header_t *mh = has ? reinterpret_cast<chi_dev_slot_header_t *>(d2d_slot(l, mine)) : nullptr;
   uint32_t w = 0, method = 0, isize = 0;
   if (has) {
     w = chi_port::ld_relaxed_dev(l->d2d_state + mine); /* for its generation */
@@ -215,21 +227,13 @@ CHI_DEVICE_NOINLINE void run_device_batch(const chi_dev_orch_state_t *st, uint32
   chi_status_t my_status = CHI_OK;
   uint32_t my_osize = 0;
   for (uint32_t k = 0; k < n; ++k) {
-    const uint32_t slot = chi_port::shfl(mine, static_cast<int>(k));
-    uint8_t *base = l->d2d_slots + static_cast<uint64_t>(slot) * stride;
-    chi_dev_request_t r;
-    r.method = chi_port::shfl(method, static_cast<int>(k));
-    r.source = l->gpu;
-    r.input = base + CHI_DEV_SLOT_HEADER;
-    r.input_size = chi_port::shfl(isize, static_cast<int>(k));
-    r.output = base + CHI_DEV_SLOT_HEADER + l->payload_stride;
-    r.output_capacity = l->max_payload;
-    r.output_size = 0;
-    r.ctx = &st->ctx;
-    const chi_status_t s = r.input_size > l->max_payload ? CHI_ERR_PROTOCOL : run_handler<D>(st, &r, lane);
+    const int src = static_cast<int>(k);
+    uint32_t osize;
+    const chi_status_t s = run_slot_task<D>(st, d2d_slot(l, chi_port::shfl(mine, src)), chi_port::shfl(method, src),
+                                            chi_port::shfl(isize, src), lane, &osize);
     if (lane == k) {
       my_status = s;
-      my_osize = r.input_size > l->max_payload ? 0u : r.output_size;
+      my_osize = osize;
     }
   }
   /* Every lane's output stores are ordered before each lane's release CAS by
