@@ -288,16 +288,25 @@ chi_status_t CpuExecutor::acquire_slot(uint32_t *index, bool may_block) {
   }
 }
 
-void CpuExecutor::free_slot(uint32_t index) { free_slots(&index, 1); }
+void CpuExecutor::free_slot(uint32_t index) {
+  Slot *s = slot_at(index);
+  slot::set_free(s->state);
+  free_.push(thread_index() % kFreeShards, index);
+  wake_free_waiters(1);
+}
 
-void CpuExecutor::free_slots(const uint32_t *indices, uint32_t n) {
-  for (uint32_t i = 0; i < n; ++i) slot::set_free(slot_at(indices[i])->state);
-  free_.push_many(thread_index() % kFreeShards, indices, n);
+void CpuExecutor::wake_free_waiters(uint32_t n) {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (free_waiters_.load(std::memory_order_relaxed) > 0) {
     free_seq_.fetch_add(1, std::memory_order_release);
     futex_wake(&free_seq_, int(n));
   }
+}
+
+void CpuExecutor::free_slots(const uint32_t *indices, uint32_t n) {
+  for (uint32_t i = 0; i < n; ++i) slot::set_free(slot_at(indices[i])->state);
+  free_.push_many(thread_index() % kFreeShards, indices, n);
+  wake_free_waiters(n);
 }
 
 uint32_t CpuExecutor::take_slots(uint32_t want, uint32_t *out) {

@@ -92,6 +92,8 @@ class CpuExecutor final : public Executor {
   // Commits slot memory until at least `want` slots are usable.
   bool grow(uint32_t want);
   void free_slot(uint32_t index);
+  // After slots went back: wakes up to n submitters waiting for one.
+  void wake_free_waiters(uint32_t n);
   // free_slot for n slots: one push on the free stack, one waiter check.
   void free_slots(const uint32_t *indices, uint32_t n);
   // Up to want free slots without waiting, recycled first; 0: none now.

@@ -65,7 +65,20 @@ class ShardedFreeStack {
   // A free index from `shard`, else from any other shard.  *hint (per thread,
   // may be shared by several stacks: only a starting point) remembers where
   // the last one came from.
-  bool pop(uint32_t shard, uint32_t *index, uint32_t *hint) { return pop_many(shard, 1, index, hint) != 0; }
+  bool pop(uint32_t shard, uint32_t *index, uint32_t *hint) {
+    if (pop_one(shard, index)) return true;
+    uint32_t s = *hint < shards_ ? *hint : 0;
+    for (uint32_t k = 0; k < shards_; ++k, s = s + 1 == shards_ ? 0 : s + 1) {
+      if (s == shard) continue;
+      // A plain load first: an empty shard costs a shared read, not a CAS.
+      if (index_of(heads_[s].word.load(std::memory_order_relaxed)) == kNone) continue;
+      if (pop_one(s, index)) {
+        *hint = s;
+        return true;
+      }
+    }
+    return false;
+  }
 
  private:
   struct alignas(64) Head {
@@ -74,6 +87,26 @@ class ShardedFreeStack {
   static uint64_t pack(uint32_t tag, uint32_t index) { return (uint64_t(tag) << 32) | index; }
   static uint32_t tag_of(uint64_t v) { return uint32_t(v >> 32); }
   static uint32_t index_of(uint64_t v) { return uint32_t(v); }
+
+  bool pop_one(uint32_t shard, uint32_t *index) {
+    std::atomic<uint64_t> &head = heads_[shard].word;
+    uint64_t old = head.load(std::memory_order_acquire);
+    for (;;) {
+      const uint32_t top = index_of(old);
+      if (top == kNone) return false;
+      // next_[top] may be stale if another thread popped `top` meanwhile (and
+      // perhaps pushed it on another shard, rewriting next_[top]): that pop
+      // bumped this head's tag, so the CAS below fails and the stale value is
+      // never installed.  next_[top] is written only by a push of `top`, which
+      // needs `top` popped from here first.
+      const uint32_t next = next_[top].load(std::memory_order_relaxed);
+      if (head.compare_exchange_weak(old, pack(tag_of(old) + 1, next), std::memory_order_acquire,
+                                     std::memory_order_acquire)) {
+        *index = top;
+        return true;
+      }
+    }
+  }
 
   // Up to max indices off the top of one shard.  The walk may read links
   // that change under it (another thread may pop an index meanwhile and push
