@@ -203,14 +203,18 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
       if (output_size) *output_size = osize;
       return CHI_ERR_TOO_LARGE;
     }
-    if (output && osize) {
-      if (osize <= 64u) put_first64(output, osize, v0, v1, v2, v3);
-      else thread_copy(output, obuf, osize, true);
+    /* The slot stays CLAIMED (a consumed future reads as such) until the
+     * next submit takes it: one release, the bitmap's, frees it.  An output
+     * of up to 64 bytes is in registers already: the slot is freed first, so
+     * the release does not wait for the stores into the caller's buffer. */
+    if (!output || osize <= 64u) {
+      bitmap_free(l->d2d_bitmap, slot);
+      if (output && osize) put_first64(output, osize, v0, v1, v2, v3);
+    } else {
+      thread_copy(output, obuf, osize, true);
+      bitmap_free(l->d2d_bitmap, slot);
     }
     if (output_size) *output_size = osize;
-    /* The slot stays CLAIMED (a consumed future reads as such) until the
-     * next submit takes it: one release, the bitmap's, frees it. */
-    bitmap_free(l->d2d_bitmap, slot);
     return status;
   }
 

@@ -187,50 +187,45 @@ CHI_DEVICE chi_status_t run_slot_task(const chi_dev_orch_state_t *st, uint8_t *b
 }
 
 /* One GPU->GPU task (warp-collective): a lone task, without the batch's
- * bookkeeping (about 0.2 us less on an H100, gpu_breakdown). */
+ * bookkeeping (about 0.2 us less on an H100, gpu_breakdown).  `t` as lane 0
+ * popped it (state word and header read beside the pop's claim). */
 template <class D>
-CHI_DEVICE_NOINLINE void run_device_task(const chi_dev_orch_state_t *st, uint32_t slot, uint32_t lane) {
+CHI_DEVICE_NOINLINE void run_device_task(const chi_dev_orch_state_t *st, popped_task t, uint32_t lane) {
   const chi_dev_layout *l = layout(&st->ctx);
+  const uint32_t slot = chi_port::shfl(t.slot, 0);
   uint8_t *base = d2d_slot(l, slot);
-  chi_dev_slot_header_t *h = reinterpret_cast<chi_dev_slot_header_t *>(base);
-  /* The state word (for its generation) in the same round trip as the header. */
-  const uint32_t w = lane == 0 ? chi_port::ld_relaxed_dev(l->d2d_state + slot) : 0u;
   uint32_t osize;
-  const chi_status_t s = run_slot_task<D>(st, base, h->method, h->input_size, lane, &osize);
-  if (lane == 0) finish_device_task(l, slot, w, h, s, osize);
+  const chi_status_t s = run_slot_task<D>(st, base, chi_port::shfl(t.method, 0), chi_port::shfl(t.input_size, 0),
+                                          lane, &osize);
+  if (lane == 0)
+    finish_device_task(l, slot, t.state, reinterpret_cast<chi_dev_slot_header_t *>(base), s, osize);
   chi_port::syncwarp();
 }
 
 /* Runs the n (<= warp size) GPU->GPU tasks a worker popped at once
- * (warp-collective; lane k < n holds the slot of task k in `mine`).  The
- * state words and headers of all n come in one round trip, the handlers run
- * one after another, and the results are published together: each lane k
- * writes task k's header and makes its release CAS, all in flight at once,
- * instead of a store and a CAS round trip per task.  A waiter therefore sees
- * its task done once the whole batch ran (at most kPopBatch tasks). */
+ * (warp-collective; lane k < n holds task k in `mine`, its state word and
+ * header read by the pop).  The handlers run one after another, and the
+ * results are published together: each lane k writes task k's header and
+ * makes its release CAS, all in flight at once, instead of a store and a CAS
+ * round trip per task.  A waiter therefore sees its task done once the whole
+ * batch ran (at most kPopBatch tasks). */
 template <class D>
-CHI_DEVICE_NOINLINE void run_device_batch(const chi_dev_orch_state_t *st, uint32_t mine, uint32_t n,
+CHI_DEVICE_NOINLINE void run_device_batch(const chi_dev_orch_state_t *st, popped_task mine, uint32_t n,
                                           uint32_t lane) {
   if (n == 1u) {
-    run_device_task<D>(st, chi_port::shfl(mine, 0), lane);
+    run_device_task<D>(st, mine, lane);
     return;
   }
   const chi_dev_layout *l = layout(&st->ctx);
   const bool has = lane < n;
-  chi_dev_slot_header_t *mh = has ? reinterpret_cast<chi_dev_slot_header_t *>(d2d_slot(l, mine)) : nullptr;
-  uint32_t w = 0, method = 0, isize = 0;
-  if (has) {
-    w = chi_port::ld_relaxed_dev(l->d2d_state + mine); /* for its generation */
-    method = mh->method;
-    isize = mh->input_size;
-  }
   chi_status_t my_status = CHI_OK;
   uint32_t my_osize = 0;
   for (uint32_t k = 0; k < n; ++k) {
     const int src = static_cast<int>(k);
     uint32_t osize;
-    const chi_status_t s = run_slot_task<D>(st, d2d_slot(l, chi_port::shfl(mine, src)), chi_port::shfl(method, src),
-                                            chi_port::shfl(isize, src), lane, &osize);
+    const chi_status_t s = run_slot_task<D>(st, d2d_slot(l, chi_port::shfl(mine.slot, src)),
+                                            chi_port::shfl(mine.method, src), chi_port::shfl(mine.input_size, src),
+                                            lane, &osize);
     if (lane == k) {
       my_status = s;
       my_osize = osize;
@@ -239,7 +234,9 @@ CHI_DEVICE_NOINLINE void run_device_batch(const chi_dev_orch_state_t *st, uint32
   /* Every lane's output stores are ordered before each lane's release CAS by
    * this warp barrier (as with one task: the CAS publishes what the warp wrote). */
   chi_port::syncwarp();
-  if (has) finish_device_task(l, mine, w, mh, my_status, my_osize);
+  if (has)
+    finish_device_task(l, mine.slot, mine.state,
+                       reinterpret_cast<chi_dev_slot_header_t *>(d2d_slot(l, mine.slot)), my_status, my_osize);
   chi_port::syncwarp();
 }
 
@@ -407,7 +404,7 @@ CHI_DEVICE_NOINLINE void close_and_drain(const chi_dev_orch_state_t *st, uint32_
     const uint64_t head = chi_port::shfl(lane == 0 ? chi_port::ld_relaxed_dev(l->d2d_head) : 0u, 0);
     if (head >= tail) break;
     if (*qhead < head) *qhead = head;
-    uint32_t mine = 0;
+    popped_task mine = {};
     const uint32_t n = queue_pop_warp(l, lane, kPopBatch, qhead, &mine);
     chi_port::syncwarp();
     run_device_batch<D>(st, mine, n, lane);
@@ -515,7 +512,7 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
       batch = ran ? 4u : 1u;
     }
     if (worker) {
-      uint32_t mine = 0;
+      popped_task mine = {};
       const uint32_t n = queue_pop_warp(l, lane, kPopBatch, &qhead, &mine);
       chi_port::syncwarp(); /* orders the lanes' acquires before the other lanes' reads */
       if (n) run_device_batch<D>(st, mine, n, lane);

@@ -268,6 +268,10 @@ CHI_DEVICE void store_word(uint8_t *p, uint32_t off, uint32_t n, uint32_t w) {
   for (uint32_t b = 0; b < 4u && off + b < n; ++b) p[off + b] = static_cast<uint8_t>(w >> (8u * b));
 }
 
+CHI_DEVICE uint8_t *d2d_slot(const chi_dev_layout *l, uint32_t slot) {
+  return l->d2d_slots + static_cast<uint64_t>(slot) * (CHI_DEV_SLOT_HEADER + 2u * l->payload_stride);
+}
+
 /* GPU->GPU run queue (Vyukov's bounded MPMC, one 64-bit word per cell).  It
  * has a cell per slot and a task holds its slot while queued, so a push
  * never finds its cell occupied for long; the wait is bounded anyway.  The
@@ -284,15 +288,26 @@ CHI_DEVICE bool queue_push_at(const chi_dev_layout *l, uint64_t t, uint32_t valu
   chi_port::st_release_dev(cell, (static_cast<uint64_t>(static_cast<uint32_t>(t + 1u)) << 32) | value);
   return true;
 }
-/* Warp-collective pop of up to `most` (<= warp size) consecutive tasks in one
- * round trip: lane i reads the cell of ticket *head + i, lane 0 claims the
- * ready prefix with one CAS.  *head is the warp's guess of the queue head
- * (the same in all lanes): polling an empty queue costs one read of the
+/* A task as a worker pops it: its slot, the slot's state word (for the
+ * generation) and the header's method and input size. */
+struct popped_task {
+  uint32_t slot;
+  uint32_t state;
+  uint32_t method;
+  uint32_t input_size;
+};
+
+/* Warp-collective pop of up to `most` (<= warp size) consecutive tasks in two
+ * round trips: lane i reads the cell of ticket *head + i; then lane 0 claims
+ * the ready prefix with one CAS while each lane of that prefix reads its
+ * slot's state word and header, all in flight at once (read before the claim
+ * is known: a lost race drops them).  *head is the warp's guess of the queue
+ * head (the same in all lanes): polling an empty queue costs one read of the
  * cells, not a read of the head first; a guess found stale (the cell is a
  * lap ahead, or the CAS failed) is refreshed.  Returns the number taken
- * (0: empty or lost the race); lane i < count holds its slot index in *slot. */
+ * (0: empty or lost the race); lane i < count holds its task in *task. */
 CHI_DEVICE uint32_t queue_pop_warp(const chi_dev_layout *l, uint32_t lane, uint32_t most, uint64_t *head,
-                                   uint32_t *slot) {
+                                   popped_task *task) {
   const uint64_t mask = l->slots - 1u;
   const uint64_t h = *head;
   const uint64_t t = h + lane;
@@ -311,9 +326,18 @@ CHI_DEVICE uint32_t queue_pop_warp(const chi_dev_layout *l, uint32_t lane, uint3
     }
     return 0;
   }
-  /* The acquire loads ordered the slots' contents; the CAS only picks the
+  /* The acquire loads ordered the slots' contents, so the state words and
+   * headers may be read beside the claim: a task stays in its slot until it
+   * is popped, so what a winner read is its task's.  The CAS only picks the
    * winner (head only grows: no ABA), and the hand-back publishes nothing
    * (the next pusher writes its own slot): no fences on this path. */
+  uint32_t state = 0;
+  uint4 hv = make_uint4(0u, 0u, 0u, 0u);
+  if (lane < n) {
+    const uint32_t s = static_cast<uint32_t>(c);
+    state = chi_port::ld_relaxed_dev(l->d2d_state + s);
+    hv = *reinterpret_cast<const uint4 *>(d2d_slot(l, s));
+  }
   uint64_t now = h;
   uint32_t won = 0;
   if (lane == 0) {
@@ -324,7 +348,10 @@ CHI_DEVICE uint32_t queue_pop_warp(const chi_dev_layout *l, uint32_t lane, uint3
   if (!chi_port::shfl(won, 0)) return 0;
   if (lane < n) {
     chi_port::st_relaxed_dev(cell, static_cast<uint64_t>(static_cast<uint32_t>(t + mask + 1u)) << 32);
-    *slot = static_cast<uint32_t>(c);
+    task->slot = static_cast<uint32_t>(c);
+    task->state = state;
+    task->method = hv.x; /* chi_dev_slot_header_t: method, input_size, ... */
+    task->input_size = hv.y;
   }
   return n;
 }
@@ -361,10 +388,6 @@ CHI_DEVICE bool gate_wait(const chi_dev_layout *l, bool wait) {
     chi_port::nanosleep(1024);
   }
   return true;
-}
-
-CHI_DEVICE uint8_t *d2d_slot(const chi_dev_layout *l, uint32_t slot) {
-  return l->d2d_slots + static_cast<uint64_t>(slot) * (CHI_DEV_SLOT_HEADER + 2u * l->payload_stride);
 }
 
 /* GPU->GPU, step 1, called outside the gate: a slot with the task written in
