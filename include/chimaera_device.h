@@ -103,6 +103,52 @@ CHI_DEVICE chi_status_t submit_one(const chi_dev_context_t *ctx, chi_route_t rou
   *future = make_future(kind, gen, slot);
   return CHI_OK;
 }
+
+/* GPU->GPU, the end of a wait: the task is DONE (acquired by the caller).
+ * Reads the header and output, claims the future unless the wait holds it
+ * already (held: WAITING), and frees the slot; on CHI_ERR_TOO_LARGE it
+ * leaves the future DONE and unclaimed. */
+CHI_DEVICE chi_status_t local_take(const chi_dev_layout *l, uint32_t slot, uint32_t gen, bool held, void *output,
+                                   uint32_t output_capacity, uint32_t *output_size) {
+  uint32_t *state = l->d2d_state + slot;
+  const uint32_t g8 = gen << 8;
+  const uint8_t *base = d2d_slot(l, slot);
+  const uint4 *obuf = reinterpret_cast<const uint4 *>(base + CHI_DEV_SLOT_HEADER + l->payload_stride);
+  /* The header and the first 64 output bytes in one round trip (the
+   * slot is 16-byte aligned and its output area at least 128 bytes). */
+  const uint4 hv = *reinterpret_cast<const uint4 *>(base);
+  uint4 v0 = obuf[0], v1 = obuf[1], v2 = obuf[2], v3 = obuf[3];
+  /* DONE was acquired above, so what was read is this task's output as
+   * long as nobody else claims the slot.  Held: nobody else can.  Else
+   * the claim only arbitrates, in flight beside those loads. */
+  bool claimed = held;
+  if (!held) {
+    uint32_t expect = g8 | CHI_DEV_SLOT_DONE;
+    claimed = chi_port::cas_relaxed_dev(state, &expect, g8 | CHI_DEV_SLOT_CLAIMED);
+  }
+  const chi_status_t status = static_cast<chi_status_t>(hv.z);
+  const uint32_t osize = hv.w;
+  if (!claimed) return CHI_ERR_INVALID;
+  if (output && osize > output_capacity) {
+    chi_port::st_relaxed_dev(state, g8 | CHI_DEV_SLOT_DONE); /* the caller may wait again */
+    if (output_size) *output_size = osize;
+    return CHI_ERR_TOO_LARGE;
+  }
+  if (held) chi_port::st_relaxed_dev(state, g8 | CHI_DEV_SLOT_CLAIMED); /* before the bitmap's release */
+  /* The slot stays CLAIMED (a consumed future reads as such) until the
+   * next submit takes it: one release, the bitmap's, frees it.  An output
+   * of up to 64 bytes is in registers already: the slot is freed first, so
+   * the release does not wait for the stores into the caller's buffer. */
+  if (!output || osize <= 64u) {
+    bitmap_free(l->d2d_bitmap, slot);
+    if (output && osize) put_first64(output, osize, v0, v1, v2, v3);
+  } else {
+    thread_copy(output, obuf, osize, true);
+    bitmap_free(l->d2d_bitmap, slot);
+  }
+  if (output_size) *output_size = osize;
+  return status;
+}
 }  // namespace chi_dev_detail
 
 /* Submits a task from device code, waiting for a free slot if need be.
@@ -159,10 +205,10 @@ CHI_DEVICE chi_status_t chi_dev_try_submit(const chi_dev_context_t *ctx, chi_rou
  * Ownership: a result returned consumes the future and frees its slot.
  * Thread safety: any thread of any kernel on the future's GPU; concurrent
  * waiters of one future: one gets the result, the others CHI_ERR_INVALID.
- * A GPU->CPU future is claimed for the whole wait (timeout_ns != 0): while
- * one thread waits on it, chi_dev_wait, chi_dev_test and chi_dev_release of
- * it in other threads return CHI_ERR_INVALID.  A poll (timeout_ns == 0)
- * claims it only when the result is there. */
+ * A future is claimed for the whole wait (timeout_ns != 0): while one
+ * thread waits on it, chi_dev_wait, chi_dev_test and chi_dev_release of it
+ * in other threads return CHI_ERR_INVALID.  A poll (timeout_ns == 0) claims
+ * it only when the result is there. */
 CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t future,
                                      int64_t timeout_ns, void *output, uint32_t output_capacity,
                                      uint32_t *output_size) {
@@ -174,48 +220,41 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
   const uint32_t spin_ns = l->wait_spin_ns;
   if (kind == kKindLocal) {
     uint32_t *state = l->d2d_state + slot;
-    for (;;) {
-      uint32_t s = chi_port::ld_acquire_dev(state);
-      if ((s >> 8) != gen) return CHI_ERR_INVALID;
-      if ((s & 0xFFu) == CHI_DEV_SLOT_DONE) break;
-      if ((s & 0xFFu) != CHI_DEV_SLOT_SUBMITTED) return CHI_ERR_INVALID;
-      const uint64_t waited = chi_port::timer_ns() - t0;
-      if (timeout_ns == 0 || (timeout_ns > 0 && waited >= static_cast<uint64_t>(timeout_ns)))
-        return CHI_ERR_TIMEOUT;
-      wait_pause(waited, spin_ns);
-    }
-    const uint8_t *base = l->d2d_slots + static_cast<uint64_t>(slot) * (CHI_DEV_SLOT_HEADER + 2u * l->payload_stride);
-    const uint4 *obuf = reinterpret_cast<const uint4 *>(base + CHI_DEV_SLOT_HEADER + l->payload_stride);
-    /* The header and the first 64 output bytes in one round trip (the
-     * slot is 16-byte aligned and its output area at least 128 bytes). */
-    const uint4 hv = *reinterpret_cast<const uint4 *>(base);
-    uint4 v0 = obuf[0], v1 = obuf[1], v2 = obuf[2], v3 = obuf[3];
-    /* DONE was acquired above, so what was read is this task's output as
-     * long as nobody else claims the slot: the claim only arbitrates, and is
-     * in flight beside those loads (undone below if the output does not fit). */
-    uint32_t expect = (gen << 8) | CHI_DEV_SLOT_DONE;
-    const bool claimed = chi_port::cas_relaxed_dev(state, &expect, (gen << 8) | CHI_DEV_SLOT_CLAIMED);
-    const chi_status_t status = static_cast<chi_status_t>(hv.z);
-    const uint32_t osize = hv.w;
-    if (!claimed) return CHI_ERR_INVALID;
-    if (output && osize > output_capacity) {
-      chi_port::st_relaxed_dev(state, (gen << 8) | CHI_DEV_SLOT_DONE); /* the caller may wait again */
-      if (output_size) *output_size = osize;
-      return CHI_ERR_TOO_LARGE;
-    }
-    /* The slot stays CLAIMED (a consumed future reads as such) until the
-     * next submit takes it: one release, the bitmap's, frees it.  An output
-     * of up to 64 bytes is in registers already: the slot is freed first, so
-     * the release does not wait for the stores into the caller's buffer. */
-    if (!output || osize <= 64u) {
-      bitmap_free(l->d2d_bitmap, slot);
-      if (output && osize) put_first64(output, osize, v0, v1, v2, v3);
+    const uint32_t g8 = gen << 8;
+    uint32_t s;
+    bool held = false; /* this wait claimed the future before the task ran (WAITING) */
+    if (timeout_ns != 0) {
+      /* Claim first: the CAS is in flight while the task runs, so once the
+       * orchestrator sets DONE, one poll and one read of the result remain
+       * (a claim after DONE cost one more atomic round trip). */
+      uint32_t expect = g8 | CHI_DEV_SLOT_SUBMITTED;
+      held = chi_port::cas_relaxed_dev(state, &expect, g8 | CHI_DEV_SLOT_WAITING);
+      s = expect;
     } else {
-      thread_copy(output, obuf, osize, true);
-      bitmap_free(l->d2d_bitmap, slot);
+      s = chi_port::ld_acquire_dev(state);
     }
-    if (output_size) *output_size = osize;
-    return status;
+    if (held) {
+      for (;;) {
+        s = chi_port::ld_acquire_dev(state);
+        if (s & CHI_DEV_SLOT_DONE_BIT) break;
+        const uint64_t waited = chi_port::timer_ns() - t0;
+        if (timeout_ns > 0 && waited >= static_cast<uint64_t>(timeout_ns)) {
+          /* Give the future back; if the task finished meanwhile, as DONE. */
+          uint32_t expect = g8 | CHI_DEV_SLOT_WAITING;
+          if (!chi_port::cas_relaxed_dev(state, &expect, g8 | CHI_DEV_SLOT_SUBMITTED))
+            chi_port::st_relaxed_dev(state, g8 | CHI_DEV_SLOT_DONE);
+          return CHI_ERR_TIMEOUT;
+        }
+        wait_pause(waited, spin_ns);
+      }
+    } else {
+      /* Not claimed: done already (claim it below), not done (a poll), or
+       * not this future's (another generation, another waiter, consumed). */
+      if ((s >> 8) != gen) return CHI_ERR_INVALID;
+      if ((s & 0xFFu) == CHI_DEV_SLOT_SUBMITTED && timeout_ns == 0) return CHI_ERR_TIMEOUT;
+      if ((s & 0xFFu) != CHI_DEV_SLOT_DONE) return CHI_ERR_INVALID;
+    }
+    return local_take(l, slot, gen, held, output, output_capacity, output_size);
   }
 
   /* GPU->CPU: the reply is in host memory.  A wait with a timeout claims the
@@ -314,6 +353,7 @@ CHI_DEVICE chi_status_t chi_dev_test(const chi_dev_context_t *ctx, chi_future_t 
   uint32_t kind, gen, slot;
   if (!done || !open_future(ctx, future, &l, &kind, &gen, &slot)) return CHI_ERR_INVALID;
   if (kind == kKindLocal) {
+    /* WAITING: another thread waits on it (CHI_ERR_INVALID, as for GPU->CPU). */
     uint32_t s = chi_port::ld_acquire_dev(l->d2d_state + slot);
     if ((s >> 8) != gen || ((s & 0xFFu) != CHI_DEV_SLOT_SUBMITTED && (s & 0xFFu) != CHI_DEV_SLOT_DONE))
       return CHI_ERR_INVALID;

@@ -16,7 +16,7 @@
 
 #include "chimaera.h"
 
-#define CHI_DEV_ABI_VERSION 7u
+#define CHI_DEV_ABI_VERSION 8u
 #define CHI_DEV_CTX_MAGIC 0x43484944u /* "CHID" */
 
 /* An LL record: 32 eight-byte words, each {uint32 data, uint32 flag}.  Words
@@ -46,8 +46,14 @@ typedef struct chi_dev_slot_header {
 /* Slot state word: (generation << 8) | state. */
 #define CHI_DEV_SLOT_FREE 0u
 #define CHI_DEV_SLOT_SUBMITTED 1u
-#define CHI_DEV_SLOT_DONE 2u
 #define CHI_DEV_SLOT_CLAIMED 3u
+/* GPU->GPU, since ABI 8: the orchestrator marks a task that ran by setting
+ * this bit (one fetch_or, whoever holds the future), so DONE is SUBMITTED
+ * with the bit; a waiter that claimed the future before it ran (WAITING)
+ * sees WAITING with the bit and already holds the result. */
+#define CHI_DEV_SLOT_DONE_BIT 0x80u
+#define CHI_DEV_SLOT_DONE (CHI_DEV_SLOT_SUBMITTED | CHI_DEV_SLOT_DONE_BIT)
+#define CHI_DEV_SLOT_WAITING 5u
 /* chi_dev_release came first: whoever finishes the task (the orchestrator for
  * GPU->GPU, the orchestrator's sweep for GPU->CPU) frees the slot. */
 #define CHI_DEV_SLOT_RELEASED 4u

@@ -148,17 +148,18 @@ CHI_DEVICE_NOINLINE chi_status_t run_handler(const chi_dev_orch_state_t *st, chi
 }
 
 /* One thread: writes a GPU->GPU task's status and output size to its slot
- * header and releases its state word to DONE (`w`: the state word read
- * when the task was taken, for its generation).  A future released
+ * header and sets the state word's DONE bit (one fetch_or, releasing what
+ * the warp wrote; `w`: the state word read when the task was taken, for its
+ * generation).  A waiter may hold the future (WAITING) or not (SUBMITTED):
+ * the bit tells either that the result is there.  A future released
  * meanwhile (chi_dev_release) has nobody to take the result: the slot is
  * freed here. */
 CHI_DEVICE void finish_device_task(const chi_dev_layout *l, uint32_t slot, uint32_t w, chi_dev_slot_header_t *h,
                                    chi_status_t status, uint32_t output_size) {
   h->status = status;
   h->output_size = output_size;
-  uint32_t expect = (w & ~0xFFu) | CHI_DEV_SLOT_SUBMITTED;
-  if (!chi_port::cas_acq_rel_dev(l->d2d_state + slot, &expect, (w & ~0xFFu) | CHI_DEV_SLOT_DONE) &&
-      expect == ((w & ~0xFFu) | CHI_DEV_SLOT_RELEASED)) {
+  const uint32_t old = chi_port::fetch_or_acq_rel_dev(l->d2d_state + slot, CHI_DEV_SLOT_DONE_BIT);
+  if (old == ((w & ~0xFFu) | CHI_DEV_SLOT_RELEASED)) {
     chi_port::st_relaxed_dev(l->d2d_state + slot, (w & ~0xFFu) | CHI_DEV_SLOT_CLAIMED);
     bitmap_free(l->d2d_bitmap, slot);
   }

@@ -166,6 +166,7 @@ __global__ void k_device_route(chi_dev_context_t ctx, chi_route_t route, chi_met
     uint64_t *t = st + static_cast<uint64_t>(i) * kStamps;
     uint32_t kind = 0, slot = 0, gen = 0;
     uint64_t ticket = 0;
+    bool held = false;
     t[kT0] = chi_port::timer_ns();
     chi_status_t s = check_submit(&ctx, route, method, in, payload, &kind);
     if (s != CHI_OK) {
@@ -181,9 +182,12 @@ __global__ void k_device_route(chi_dev_context_t ctx, chi_route_t route, chi_met
         if (!pushed) s = CHI_ERR_INTERNAL;
       }
       t[kPublished] = chi_port::timer_ns();
-      if (s == CHI_OK) /* the waiter's own poll, until the task is DONE */
-        while ((chi_port::ld_acquire_dev(l->d2d_state + slot) & 0xFFu) == CHI_DEV_SLOT_SUBMITTED) {
+      if (s == CHI_OK) { /* as chi_dev_wait: its claim (WAITING), then its polls until DONE */
+        uint32_t expect = (gen << 8) | CHI_DEV_SLOT_SUBMITTED;
+        held = chi_port::cas_relaxed_dev(l->d2d_state + slot, &expect, (gen << 8) | CHI_DEV_SLOT_WAITING);
+        while (!(chi_port::ld_acquire_dev(l->d2d_state + slot) & CHI_DEV_SLOT_DONE_BIT)) {
         }
+      }
     } else {
       s = cpu_prepare(l, in, payload, &slot, &gen, true, &ticket);
       t[kPrepared] = chi_port::timer_ns();
@@ -195,7 +199,9 @@ __global__ void k_device_route(chi_dev_context_t ctx, chi_route_t route, chi_met
     }
     t[kSeen] = chi_port::timer_ns();
     uint32_t osz = 0;
-    if (s == CHI_OK) s = chi_dev_wait(&ctx, make_future(kind, gen, slot), GT_WAIT_NS, out, kMaxPayload, &osz);
+    if (s == CHI_OK)
+      s = kind == kKindLocal ? local_take(l, slot, gen, held, out, kMaxPayload, &osz)
+                             : chi_dev_wait(&ctx, make_future(kind, gen, slot), GT_WAIT_NS, out, kMaxPayload, &osz);
     t[kTaken] = chi_port::timer_ns();
     if (s != CHI_OK || osz != payload) {
       atomicAdd(bad, 1);
@@ -407,7 +413,7 @@ int main(int argc, char **argv) {
         row(name, payload, "3 to handler: orchestrator pick-up", to_h);
         row(name, payload, "4 device handler (echo, one warp)", hand);
         row(name, payload, "5 DONE written, waiter's poll sees it", back);
-        row(name, payload, "6 chi_dev_wait: claim + output copy", take);
+        row(name, payload, "6 chi_dev_wait: output read + copy, slot freed", take);
       }
       row(name, payload, "= round trip", total);
     }

@@ -196,6 +196,65 @@ __global__ void k_errors(chi_dev_context_t ctx, chi_route_t route, uint32_t max,
   }
 }
 
+/* Claims of a future by its waiters.  Thread 0: 1 ns waits in a loop until
+ * the result comes (each TIMEOUT gives the future back; it stays valid, and
+ * the result is whole).  Then `rounds` times, threads 0 and 32 (two warps)
+ * wait on one future at once: exactly one gets the result.
+ * st[0] the loop's last status, st[1] result whole, st[2] a wait after it,
+ * st[3] rounds where one waiter got OK with the whole result and the other
+ * INVALID, st[4] first bad pair (status << 16 | other status); val[4] TIMEOUTs. */
+__global__ void k_claims(chi_dev_context_t ctx, chi_route_t route, uint32_t rounds, int32_t *st, uint32_t *val) {
+  __shared__ chi_future_t shared_f;
+  __shared__ int32_t got[2];
+  uint8_t in[64], out[64];
+  uint32_t osz = 0;
+  const uint32_t t = threadIdx.x;
+  if (t == 0) {
+    gt_fill(in, 64, 4242);
+    chi_future_t f;
+    chi_status_t s = chi_dev_submit(&ctx, route, CHI_METHOD_ECHO, in, 64, &f);
+    uint32_t timeouts = 0;
+    const uint64_t t0 = chi_port::timer_ns();
+    while (s == CHI_OK && chi_port::timer_ns() - t0 < (uint64_t)GT_WAIT_NS) {
+      s = chi_dev_wait(&ctx, f, 1, out, 64, &osz);
+      if (s != CHI_ERR_TIMEOUT) break;
+      ++timeouts;
+      s = CHI_OK;
+    }
+    int same = osz == 64;
+    for (uint32_t b = 0; same && b < 64; ++b) same = out[b] == gt_byte(4242, b);
+    st[0] = s;
+    st[1] = same;
+    st[2] = chi_dev_wait(&ctx, f, 0, out, 64, &osz);
+    val[4] = timeouts;
+    st[3] = 0;
+    st[4] = 0;
+  }
+  for (uint32_t r = 0; r < rounds; ++r) {
+    __syncthreads();
+    if (t == 0) {
+      gt_fill(in, 64, 5000 + r);
+      if (chi_dev_submit(&ctx, route, CHI_METHOD_ECHO, in, 64, &shared_f) != CHI_OK) shared_f = 0;
+    }
+    __syncthreads();
+    if (t == 0 || t == 32) {
+      for (uint32_t b = 0; b < 64; ++b) out[b] = 0;
+      osz = 0;
+      chi_status_t s = chi_dev_wait(&ctx, shared_f, GT_WAIT_NS, out, 64, &osz);
+      int same = osz == 64;
+      for (uint32_t b = 0; same && b < 64; ++b) same = out[b] == gt_byte(5000 + r, b);
+      got[t / 32] = s == CHI_OK && !same ? -1000 : s;
+    }
+    __syncthreads();
+    if (t == 0) {
+      const bool one = (got[0] == CHI_OK && got[1] == CHI_ERR_INVALID) ||
+                       (got[1] == CHI_OK && got[0] == CHI_ERR_INVALID);
+      if (one) ++st[3];
+      else if (st[4] == 0) st[4] = (got[0] << 16) | (got[1] & 0xFFFF);
+    }
+  }
+}
+
 /* One thread: a CPU handler that takes 150 ms against a 5 ms device wait. */
 __global__ void k_timeout(chi_dev_context_t ctx, chi_method_t sleeper, int32_t *st) {
   chi_future_t f;
@@ -337,6 +396,26 @@ static void run_errors(chi_route_t route) {
                chi_status_string(g_st[16 + i]), want_poll[i]);
   assert_int_equal(g_val[0], 64);
   assert_int_equal(g_val[1], 64);
+}
+
+static void run_claims(chi_route_t route) {
+  const uint32_t rounds = 64;
+  memset(g_st, 0x7F, 64 * sizeof(int32_t));
+  k_claims<<<1, 64, 0, g_stream>>>(g_ctx, route, rounds, g_st, g_val);
+  sync_stream();
+  printf("# route %d: 1 ns waits until the result: %u TIMEOUTs\n", route, g_val[4]);
+  assert_status(CHI_OK, g_st[0]);
+  assert_int_equal(g_st[1], 1);
+  assert_status(CHI_ERR_INVALID, g_st[2]);
+  if (g_st[3] != (int32_t)rounds)
+    fail_msg("route %d: %d of %u rounds with one result for two waiters; first bad pair %d / %d", route,
+             g_st[3], rounds, g_st[4] >> 16, (int16_t)(g_st[4] & 0xFFFF));
+}
+
+static void test_wait_claims(void **state) {
+  (void)state;
+  run_claims(CHI_ROUTE_LOCAL);
+  run_claims(CHI_ROUTE_CPU);
 }
 
 static void run_many(chi_route_t route) {
@@ -823,7 +902,8 @@ int main(void) {
       cmocka_unit_test(test_d2d_shapes),   cmocka_unit_test(test_d2h_errors),
       cmocka_unit_test(test_d2d_errors),     cmocka_unit_test(test_d2h_source),
       cmocka_unit_test(test_d2h_bell),       cmocka_unit_test(test_idle_lease),
-      cmocka_unit_test(test_device_timeout), cmocka_unit_test(test_d2h_many_warps),
+      cmocka_unit_test(test_device_timeout), cmocka_unit_test(test_wait_claims),
+      cmocka_unit_test(test_d2h_many_warps),
       cmocka_unit_test(test_d2d_many_warps), cmocka_unit_test(test_diverged_lanes),
       cmocka_unit_test(test_pause_resume),   cmocka_unit_test(test_regions),
       cmocka_unit_test(test_second_gpu),
