@@ -232,8 +232,9 @@ CHI_DEVICE_NOINLINE void run_device_batch(const chi_dev_orch_state_t *st, popped
       my_osize = osize;
     }
   }
-  /* Every lane's output stores are ordered before each lane's release CAS by
-   * this warp barrier (as with one task: the CAS publishes what the warp wrote). */
+  /* Every lane's output stores are ordered before each lane's release
+   * fetch_or by this warp barrier (as with one task: the fetch_or publishes
+   * what the warp wrote). */
   chi_port::syncwarp();
   if (has)
     finish_device_task(l, mine.slot, mine.state,
