@@ -238,7 +238,7 @@ void CpuPoller::run(uint32_t part) {
     }
     if (what == IdleBackoff::Step::kSpin) continue;
     // Tickets go round the pollers, so one thread's lone tasks reach this
-    // poller once every `step` round trips: with 8 pollers and 1 KiB tasks
+    // poller once every P round trips (P pollers): with 8 pollers and 1 KiB tasks
     // that is past the spin window, and each task met a napping poller
     // (+10-17 us on an H100).  The spin window therefore runs from the
     // group's last task, not this poller's: while the others serve, spin on.
