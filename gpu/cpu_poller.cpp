@@ -30,6 +30,7 @@ CpuPoller::CpuPoller(Runtime &rt, int32_t gpu, const Shape &shape, uint64_t *rin
 void CpuPoller::start() {
   stop_.store(false, std::memory_order_relaxed);
   group_ = std::make_unique<PollGroup>(shape_.cpu_pollers);
+  claims_ = std::make_unique<PollClaims>(shape_.cpu_pollers);
   served_.reset(new Served[shape_.cpu_pollers]);
   if (bell_.word_) group_->set_bell(&bell_, bell_check_ns_);
   for (uint32_t p = 0; p < shape_.cpu_pollers; ++p) threads_.emplace_back([this, p] { run(p); });
@@ -64,60 +65,76 @@ uint64_t CpuPoller::others_served(uint32_t part) const {
   return sum;
 }
 
-// Serves the entry of `ticket` if a kernel has published it; false if not yet.
-bool CpuPoller::serve(uint64_t ticket, unsigned char *in, unsigned char *out) {
-  const uint64_t *e = ring_ + (ticket & (shape_.d2h_ring_entries - 1)) * CHI_DEV_LL_WORDS;
+const uint64_t *CpuPoller::entry(uint64_t ticket) const {
+  return ring_ + (ticket & (shape_.d2h_ring_entries - 1)) * CHI_DEV_LL_WORDS;
+}
+
+bool CpuPoller::published(uint64_t ticket) const {
+  return ll_flag(ll_load(entry(ticket))) == uint32_t(ticket) + 1;
+}
+
+bool CpuPoller::read_entry(uint64_t ticket, bool prefetch, Entry *x, unsigned char *in) {
+  const uint64_t *e = entry(ticket);
   const uint32_t flag = uint32_t(ticket) + 1;
-  uint64_t w0 = ll_load(e);
+  const uint64_t w0 = ll_load(e);
   if (ll_flag(w0) != flag) return false;
-  // Under load the next entries of this thread are likely written already:
-  // start their cache misses now, so they overlap this entry's handler.
-  const uint32_t step = shape_.cpu_pollers;
-  for (uint32_t k = 1; k <= 2; ++k) {
-    const char *n = reinterpret_cast<const char *>(
-        ring_ + ((ticket + k * step) & (shape_.d2h_ring_entries - 1)) * CHI_DEV_LL_WORDS);
-    for (uint32_t b = 0; b < CHI_DEV_LL_WORDS * 8; b += 64) __builtin_prefetch(n + b);
+  if (prefetch) {
+    // Under load the next entries of this part are likely written already:
+    // start their cache misses now, so they overlap this entry's handler.
+    const uint32_t step = shape_.cpu_pollers;
+    for (uint32_t k = 1; k <= 2; ++k) {
+      const char *n = reinterpret_cast<const char *>(entry(ticket + k * step));
+      for (uint32_t b = 0; b < CHI_DEV_LL_WORDS * 8; b += 64) __builtin_prefetch(n + b);
+    }
   }
+  // The words after the first may still be on their way.  Once another
+  // poller claimed the ticket its entry may be rewritten by a later ticket:
+  // stop waiting then (the claim word is this part's, cached while nobody steals).
+  auto gone = [&] {
+    return stop_.load(std::memory_order_relaxed) ||
+           claims_->next(uint32_t(ticket % shape_.cpu_pollers)) != ticket;
+  };
   // The header's words are one 16-byte store each; the data words came before.
   uint64_t w[4] = {w0, 0, 0, 0};
   for (int i = 1; i < 4; ++i)
     while (ll_flag(w[i] = ll_load(e + i)) != flag)
-      if (stop_.load(std::memory_order_relaxed)) return false;  // writer died mid-entry
-  const chi_method_t method = ll_data(w[0]);
-  const uint32_t size = ll_data(w[1]);
+      if (gone()) return false;
+  x->method = ll_data(w[0]);
+  x->size = ll_data(w[1]);
   // A relay's entries carry the route above the slot (chimaera/device_layout.h).
   const uint32_t word = ll_data(w[2]);
-  const uint32_t slot = relay_ ? word & CHI_DEV_SLOT_MASK : word;
-  const chi_route_t route =
-      relay_ ? chi_route_t(word >> CHI_DEV_SLOT_BITS) - CHI_DEV_ROUTE_BIAS : CHI_ROUTE_CPU;
-  const uint32_t gen = ll_data(w[3]);
-  if (slot >= shape_.dslots) {
+  x->slot = relay_ ? word & CHI_DEV_SLOT_MASK : word;
+  x->route = relay_ ? chi_route_t(word >> CHI_DEV_SLOT_BITS) - CHI_DEV_ROUTE_BIAS : CHI_ROUTE_CPU;
+  x->gen = ll_data(w[3]);
+  if (x->slot < shape_.dslots && x->size <= shape_.max_payload && x->size <= CHI_DEV_LL_INLINE)
+    while (!ll_get_payload(e, in, x->size, flag))
+      if (gone()) return false;
+  return true;
+}
+
+void CpuPoller::serve_entry(const Entry &x, const unsigned char *in, unsigned char *out) {
+  if (x.slot >= shape_.dslots) {
     // Nobody can be waiting on such a slot: report and skip the entry.
-    log(LogLevel::kError, "GPU %d: GPU->CPU ring entry names slot %u of %u; dropped", gpu_, slot,
+    log(LogLevel::kError, "GPU %d: GPU->CPU ring entry names slot %u of %u; dropped", gpu_, x.slot,
         shape_.dslots);
-    return true;
+    return;
   }
   chi_status_t status;
   size_t osize = 0;
-  if (size > shape_.max_payload) {
+  if (x.size > shape_.max_payload) {
     status = CHI_ERR_PROTOCOL;
   } else {
-    const void *input = in;
-    if (size <= CHI_DEV_LL_INLINE) {
-      while (!ll_get_payload(e, in, size, flag))
-        if (stop_.load(std::memory_order_relaxed)) return false;
-    } else {
-      input = buf_ + slot * shape_.payload_stride;  // fenced before the entry
-    }
+    // Larger inputs are in the slot's buffer, fenced before the entry.
+    const void *input = x.size <= CHI_DEV_LL_INLINE ? static_cast<const void *>(in)
+                                                    : buf_ + x.slot * shape_.payload_stride;
     if (relay_) {
-      if (relay_->take(route, method, input, size, slot, gen, &status, out, &osize)) return true;
+      if (relay_->take(x.route, x.method, input, x.size, x.slot, x.gen, &status, out, &osize)) return;
     } else {
-      status = run_cpu_handler(rt_.registry(), method, gpu_, input, size, out, shape_.max_payload,
+      status = run_cpu_handler(rt_.registry(), x.method, gpu_, input, x.size, out, shape_.max_payload,
                                &osize);
     }
   }
-  reply(slot, gen, status, out, osize);
-  return true;
+  reply(x.slot, x.gen, status, out, osize);
 }
 
 void CpuPoller::reply(uint32_t slot, uint32_t gen, chi_status_t status, const void *out, size_t osize) {
@@ -160,25 +177,52 @@ void CpuPoller::run(uint32_t part) {
   bc.watch_max_ns = int64_t(cfg.gpu.poller_watch_interval_us) * 1000;
   IdleBackoff backoff(bc);
   PollGroup &group = *group_;
-  const uint32_t step = shape_.cpu_pollers;
-  auto serve_ticket = [&](uint64_t t) { return serve(t, in.get(), out.get()); };
-  auto reap = [&] {
-    if (reaper_) reaper_->reap();
-  };
+  PollClaims &claims = *claims_;
+  PollStealer stealer(claims, part, int64_t(cfg.gpu.poller_steal_us) * 1000);
+  // Every ticket is read, then claimed, then served (core/poll_claims.h),
+  // whoever serves it: this poller, the parked group's watcher, a stealer.
+  Entry entry{};
+  auto read_mine = [&](uint64_t t) { return read_entry(t, true, &entry, in.get()); };
+  auto read_other = [&](uint64_t t) { return read_entry(t, false, &entry, in.get()); };
+  auto serve_read = [&](uint64_t) { serve_entry(entry, in.get(), out.get()); };
+  auto is_published = [&](uint64_t t) { return published(t); };
   std::atomic<uint64_t> &served = served_[part].n;
-  uint64_t ticket = group.take(part);
+  auto count = [&](uint64_t n) {
+    served.store(served.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  };
+  auto serve_parked = [&](uint64_t &t) { return claims.serve_for_group(t, read_mine, serve_read); };
+  auto steal = [&](int64_t now) {
+    const uint32_t got = stealer.look(now, is_published, read_other, serve_read);
+    if (got) count(got);
+    return got;
+  };
+  // The watcher also steals from the parts of pollers that are held up (a
+  // parked group's watcher polls the parked parts only).
+  auto on_watch = [&] {
+    if (reaper_) reaper_->reap();
+    if (stealer.enabled()) steal(now_ns());
+  };
+  group.take(part);
+  uint64_t ticket = claims.next(part);
   int64_t last_reap = 0;
   uint32_t spins = 0;
   uint64_t others_seen = others_served(part);
   while (!stop_.load(std::memory_order_acquire)) {
-    if (serve(ticket, in.get(), out.get())) {
-      ticket += step;
-      served.store(served.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    if (claims.claim_and_serve(part, ticket, true, read_mine, serve_read)) {
+      count(1);
       backoff.reset();
       continue;
     }
+    // The idle pass reads the clock at most once (every kPollsPerClock
+    // polls while spinning); a look at the other parts comes with it.
+    int64_t now = -1;
+    auto clock = [&] { return now = now_ns(); };
     int64_t nap = 0;
-    const IdleBackoff::Step what = backoff.idle(now_ns, &nap);
+    const IdleBackoff::Step what = backoff.idle(clock, &nap);
+    if (now >= 0 && steal(now)) {
+      backoff.reset();
+      continue;
+    }
     // Poller 0 reaps released CPU->GPU slots every ms while idle, also when
     // it never sleeps (poll_interval_us 0).
     if (what == IdleBackoff::Step::kSpin && (part != 0 || (++spins & 1023) != 0)) {
@@ -186,15 +230,15 @@ void CpuPoller::run(uint32_t part) {
       continue;
     }
     if (part == 0) {
-      const int64_t now = now_ns();
+      if (now < 0) now = now_ns();
       if (now - last_reap > PollGroup::kWatchHookNs) {
-        reap();
+        if (reaper_) reaper_->reap();
         last_reap = now;
       }
     }
     if (what == IdleBackoff::Step::kSpin) continue;
     // Tickets go round the pollers, so one thread's lone tasks reach this
-    // poller once every `step` round trips: with 8 pollers and 1 KiB tasks
+    // poller once every P round trips (P pollers): with 8 pollers and 1 KiB tasks
     // that is past the spin window, and each task met a napping poller
     // (+10-17 us on an H100).  The spin window therefore runs from the
     // group's last task, not this poller's: while the others serve, spin on.
@@ -209,8 +253,9 @@ void CpuPoller::run(uint32_t part) {
     }
     // Parked: the group's watcher serves this part until it gets busy.
     group.hand_over(part, ticket);
-    group.park(part, backoff, serve_ticket, reap);
-    ticket = group.take(part);
+    group.park(part, backoff, serve_parked, on_watch);
+    group.take(part);
+    ticket = claims.next(part);
     backoff.reset();
   }
 }

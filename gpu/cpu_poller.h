@@ -2,7 +2,10 @@
 // memory), run the CPU handler and write the LL reply the kernel polls.
 // Poller p serves tickets t with t % pollers == p, in ticket order.  Idle
 // pollers back off and park as one PollGroup (core/poll_group.h): one
-// watches every part with naps, the others sleep.
+// watches every part with naps, the others sleep.  An idle poller steals
+// the next ticket of a part whose poller is held up (a blocking handler, a
+// descheduled thread) once it has waited gpu.poller_steal_us: every ticket
+// is claimed by CAS on its part's claim word first (core/poll_claims.h).
 #pragma once
 
 #include <atomic>
@@ -12,6 +15,7 @@
 #include <vector>
 
 #include "chimaera.h"
+#include "core/poll_claims.h"
 #include "core/poll_group.h"
 #include "gpu/shape.h"
 
@@ -77,8 +81,27 @@ class CpuPoller {
     std::atomic<bool> live_{false};
   };
 
+  // One ring entry as read before its ticket is claimed.
+  struct Entry {
+    chi_method_t method;
+    uint32_t size;
+    uint32_t slot;
+    chi_route_t route;
+    uint32_t gen;
+  };
+
   void run(uint32_t part);
-  bool serve(uint64_t ticket, unsigned char *in, unsigned char *out);
+  const uint64_t *entry(uint64_t ticket) const;
+  // Whether ticket's entry is published (its first word; the rest may
+  // still be on its way).
+  bool published(uint64_t ticket) const;
+  // Reads ticket's entry into *e and its inline payload into `in`; false if
+  // it is not published, or if it stopped being ticket's next to claim (or
+  // the poller stops) while its words were on their way.  prefetch: start
+  // the cache misses of the part's next two entries (the owner's ones).
+  bool read_entry(uint64_t ticket, bool prefetch, Entry *e, unsigned char *in);
+  // Runs the handler of an entry read and claimed, and replies.
+  void serve_entry(const Entry &e, const unsigned char *in, unsigned char *out);
 
   Runtime &rt_;
   const int32_t gpu_;
@@ -89,9 +112,11 @@ class CpuPoller {
   H2dExecutor *const reaper_;
   D2hRelay *const relay_;
   std::atomic<bool> stop_{false};
-  std::unique_ptr<PollGroup> group_;  // made by start()
-  // Entries each poller served, written by its owner alone: an idle poller
-  // keeps spinning while the others' sum moves (see run()).
+  std::unique_ptr<PollGroup> group_;    // made by start()
+  std::unique_ptr<PollClaims> claims_;  // made by start(): each part's next ticket
+  // Entries each poller served (its own part's, and those it stole),
+  // written by that poller alone: an idle poller keeps spinning while the
+  // others' sum moves (see run()).
   struct alignas(64) Served {
     std::atomic<uint64_t> n{0};
   };

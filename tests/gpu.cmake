@@ -10,6 +10,8 @@ if(CHI_HAVE_CUDA)
   chi_add_test(test_gpu_coexist SOURCES gpu/test_gpu_coexist.cu GPU TIMEOUT 300 LABELS gpu)
   # Waiting device submits from a full-device grid, chi_dev_release.
   chi_add_test(test_gpu_device_submit SOURCES gpu/test_gpu_device_submit.cu GPU TIMEOUT 300 LABELS gpu)
+  # A CPU handler that blocks its poller: the other pollers steal its part's tasks.
+  chi_add_test(test_gpu_poller_steal SOURCES gpu/test_gpu_poller_steal.cu GPU TIMEOUT 300 LABELS gpu)
   # A device handler that traps / reads an unmapped address: contained.
   chi_add_test(test_gpu_fault SOURCES gpu/test_gpu_fault.cu GPU TIMEOUT 120 LABELS gpu)
   set_target_properties(test_gpu_fault PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
@@ -43,11 +45,12 @@ if(CHI_HAVE_CUDA)
     target_compile_options(test_gpu_client PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
     target_link_libraries(test_gpu_client PRIVATE CUDA::cudart)
   endif()
-  foreach(t test_gpu test_gpu_orchestrator gpu_timing test_gpu_coexist test_gpu_device_submit)
+  foreach(t test_gpu test_gpu_orchestrator gpu_timing test_gpu_coexist test_gpu_device_submit
+            test_gpu_poller_steal)
     set_target_properties(${t} PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
     target_compile_options(${t} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
   endforeach()
-  foreach(t test_gpu gpu_timing test_gpu_coexist test_gpu_device_submit)
+  foreach(t test_gpu gpu_timing test_gpu_coexist test_gpu_device_submit test_gpu_poller_steal)
     set_target_properties(${t} PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
     target_link_libraries(${t} PRIVATE CUDA::cudart)
   endforeach()

@@ -2,3 +2,7 @@
 # CPU: the GPU->CPU pollers use it, and it is tested here without a GPU.
 chi_add_test(test_idle SOURCES test_idle.cpp TIMEOUT 120 LABELS core)
 target_include_directories(test_idle PRIVATE ${PROJECT_SOURCE_DIR}/src)
+# Work stealing between those pollers (src/core/poll_claims.h): claims,
+# the stealer's delay, and threads with a blocked poller over a fake ring.
+chi_add_test(test_poll_claims SOURCES test_poll_claims.cpp TIMEOUT 240 LABELS core)
+target_include_directories(test_poll_claims PRIVATE ${PROJECT_SOURCE_DIR}/src)

@@ -98,7 +98,10 @@ class PollGroup {
 
   // Parks poller p, which handed its part over, until its part needs it or
   // the group stops.  serve(ticket) serves a published ticket (false: not
-  // published yet); on_watch() runs on the watcher now and then.
+  // published yet); it gets the part's next ticket as an lvalue, which a
+  // serve whose tickets others may also take (PollClaims::serve_for_group)
+  // sets to the one it served, or to the next.  on_watch() runs on the
+  // watcher now and then.
   template <class Serve, class OnWatch>
   void park(uint32_t p, IdleBackoff &b, Serve &&serve, OnWatch &&on_watch) {
     Part &me = parts_[p];
