@@ -4,7 +4,9 @@
 #include <sys/prctl.h>
 #include <time.h>
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
 #include <memory>
 
 #include "core/futex.h"
@@ -191,8 +193,19 @@ void CpuPoller::run(uint32_t part) {
     served.store(served.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
   };
   auto serve_parked = [&](uint64_t &t) { return claims.serve_for_group(t, read_mine, serve_read); };
-  auto steal = [&](int64_t now) {
+  // A look reads every other part's claim word, and each read takes the
+  // line from its owner, whose next claim then misses: looks every 64 spins
+  // made warp-call rows 25% slower on an H200 (docs/performance.md).  So an
+  // idle poller looks at most every quarter of the steal delay, and every
+  // pass only while it is taking a held-up part's tickets.
+  const int64_t look_every_ns = std::max<int64_t>(int64_t(cfg.gpu.poller_steal_us) * 250, 1000);
+  int64_t last_look = std::numeric_limits<int64_t>::min() / 2;
+  bool stealing = false;
+  auto steal = [&](int64_t now) -> uint32_t {
+    if (!stealing && now - last_look < look_every_ns) return 0;
+    last_look = now;
     const uint32_t got = stealer.look(now, is_published, read_other, serve_read);
+    stealing = got != 0;
     if (got) count(got);
     return got;
   };
