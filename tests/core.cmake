@@ -31,6 +31,18 @@ elseif(CHI_SANITIZE STREQUAL "address")
   set(chi_consumer_flags "-fsanitize=address,undefined")
 endif()
 
+# The same programs with workers taking up to 4 tasks of a shared queue at
+# once (worker_pop_batch; the default on 16+ CPUs, 1 on CI's 2).
+foreach(t test_api test_batch test_concurrency)
+  add_test(NAME ${t}_pop_batch COMMAND ${t})
+  get_test_property(${t} TIMEOUT chi_timeout)
+  set(chi_env "CHI_WORKER_POP_BATCH=4")
+  if(CHI_SANITIZE STREQUAL "thread")
+    list(APPEND chi_env "CHI_TEST_SCALE=0.5")
+  endif()
+  set_tests_properties(${t}_pop_batch PROPERTIES TIMEOUT ${chi_timeout} LABELS core ENVIRONMENT "${chi_env}")
+endforeach()
+
 add_test(NAME test_install
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/install/run_install_test.sh
     ${PROJECT_BINARY_DIR} ${CMAKE_CURRENT_BINARY_DIR}/install-test

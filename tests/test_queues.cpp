@@ -138,22 +138,62 @@ void test_run_queue_mpmc(void **) {
       }
     });
   for (uint32_t c = 0; c < kConsumers; ++c)
-    ts.emplace_back([&] {
+    ts.emplace_back([&, c] {
+      // Consumer c takes one task at a time (c = 0) or up to 4 or 8 (pop_many).
+      const uint32_t most = c == 0 ? 1 : 4 * c;
       while (done.load(std::memory_order_relaxed) < total) {
-        QueuedTask t;
-        if (!q.pop(&t, &Inputs::dst, &in)) continue;
-        uint32_t v;
-        std::memcpy(&v, Inputs::dst(&in, t.slot), sizeof v);
-        if (t.slot >= total || t.method != (t.slot ^ 0x5a5a) || v != t.slot * 2654435761u)
-          bad.fetch_add(1);
-        else
-          got[t.slot].fetch_add(1);
-        done.fetch_add(1);
+        QueuedTask t[RunQueue::kMaxPopMany];
+        uint32_t n = most > 1 ? q.pop_many(t, most, &Inputs::dst, &in) : 0;
+        if (n == 0) n = q.pop(&t[0], &Inputs::dst, &in) ? 1 : 0;  // the spill list is pop()'s
+        for (uint32_t i = 0; i < n; ++i) {
+          uint32_t v;
+          std::memcpy(&v, Inputs::dst(&in, t[i].slot), sizeof v);
+          if (t[i].slot >= total || t[i].method != (t[i].slot ^ 0x5a5a) || v != t[i].slot * 2654435761u)
+            bad.fetch_add(1);
+          else
+            got[t[i].slot].fetch_add(1);
+          done.fetch_add(1);
+        }
       }
     });
   for (auto &th : ts) th.join();
   assert_int_equal(bad.load(), 0);
   for (uint32_t i = 0; i < total; ++i) assert_int_equal(got[i].load(), 1);
+}
+
+// pop_many takes half of the ready run at the head (rounded up), at most
+// `most`, in order, with inline inputs; an empty ring gives 0.
+void test_run_queue_pop_many(void **) {
+  constexpr uint32_t kCells = 16, kTasks = 10;
+  std::vector<SpillLink> links(kTasks);
+  Inputs in{std::vector<uint8_t>(size_t(kTasks) * RunQueue::kInline)};
+  RunQueue q;
+  q.init(kCells, links.data());
+  for (uint32_t slot = 0; slot < kTasks; ++slot) {
+    uint32_t v = slot * 2654435761u;
+    q.push(QueuedTask{slot, slot + 100, sizeof v}, &v, Inputs::dst(&in, slot));
+  }
+  const uint32_t want[] = {4, 3, 2, 1};  // runs of 10, 6, 3, 1
+  uint32_t next = 0;
+  for (uint32_t n : want) {
+    QueuedTask t[RunQueue::kMaxPopMany];
+    assert_int_equal(q.pop_many(t, 4, &Inputs::dst, &in), n);
+    for (uint32_t i = 0; i < n; ++i, ++next) {
+      assert_int_equal(t[i].slot, next);
+      assert_int_equal(t[i].method, next + 100);
+      uint32_t v;
+      std::memcpy(&v, Inputs::dst(&in, t[i].slot), sizeof v);
+      assert_int_equal(v, next * 2654435761u);
+    }
+  }
+  QueuedTask t[RunQueue::kMaxPopMany];
+  assert_int_equal(q.pop_many(t, 8, &Inputs::dst, &in), 0);
+  assert_int_equal(q.pop_many(t, 0, &Inputs::dst, &in), 0);
+  // Cells wrap round: the ring is used again after its tasks were taken.
+  for (uint32_t slot = 0; slot < kTasks; ++slot) q.push(QueuedTask{slot, 7, 0}, nullptr, Inputs::dst(&in, slot));
+  assert_int_equal(q.pop_many(t, 8, &Inputs::dst, &in), 5);
+  assert_int_equal(t[0].slot, 0);
+  assert_int_equal(t[4].slot, 4);
 }
 
 }  // namespace
@@ -163,6 +203,7 @@ int main() {
       cmocka_unit_test(test_free_stack_shards),
       cmocka_unit_test(test_run_queue_full_spills_in_order),
       cmocka_unit_test(test_run_queue_mpmc),
+      cmocka_unit_test(test_run_queue_pop_many),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

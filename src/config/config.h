@@ -52,6 +52,8 @@ struct Config {
                                        // slot memory is committed as the pool first needs it
   uint32_t max_inline_payload = 4096;  // bytes, 0..1 MiB
   int64_t spin_ns = 50000;             // waiters and idle workers spin this long, then futex sleep, 0..1e10
+  uint32_t worker_pop_batch = 0;       // tasks a worker takes from a shared queue at once, 1..8;
+                                       // 0: 4 with 16+ hardware threads, else 1
   int64_t client_yield_ns = 1000000;   // a client's waiter then polls with sched_yield this long, 0..1e10
   uint32_t client_spin_min_cpus = 4;   // clients spin and yield only on machines of at least this many CPUs
   bool submit_blocking = true;         // full slots: block (up to submit_timeout_ms) or fail with CHI_ERR_AGAIN

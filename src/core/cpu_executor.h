@@ -126,6 +126,12 @@ class CpuExecutor final : public Executor {
   static void *worker_entry(void *arg);
   chi_status_t start_worker(unsigned id);
   void notify_worker();
+  // The first application-thread queue a pop looks at (pop_task).
+  uint32_t first_ring(bool worker) const;
+  // A worker with an empty own queue: up to pop_batch_ tasks of a shared
+  // queue with one claim; the first in *task, the rest held for its next
+  // pops (pop_task takes them first).
+  bool pop_batch(QueuedTask *task);
 
   const Config &cfg_;
   const Registry &reg_;
@@ -162,6 +168,7 @@ class CpuExecutor final : public Executor {
   alignas(64) std::atomic<int32_t> sleepers_{0};     // workers asleep on idle_seq_
   alignas(64) std::atomic<int32_t> spinners_{0};     // idle workers watching the queues
   int32_t max_spinners_ = 1;                         // more would only steal CPU from producers
+  uint32_t pop_batch_ = 1;                           // worker_pop_batch, resolved (1..8)
   alignas(64) std::atomic<uint32_t> free_seq_{0};   // futex word of blocked submitters
   std::atomic<int32_t> free_waiters_{0};
 };

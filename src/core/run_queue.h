@@ -123,6 +123,42 @@ class RunQueue {
     return true;
   }
 
+  // Pops up to `most` (<= kMaxPopMany) tasks of the ring with one CAS of the
+  // head: half of the ready run at the head (rounded up), in order, so the
+  // rest is left to other consumers.  Inline inputs are copied out before the
+  // cells are handed back, then to input_dst, as pop().  Returns how many
+  // (0: the ring is empty; the spill list is left to pop()).
+  static constexpr uint32_t kMaxPopMany = 8;
+  uint32_t pop_many(QueuedTask *t, uint32_t most, uint8_t *(*input_dst)(void *, uint32_t), void *ctx) {
+    if (most > kMaxPopMany) most = kMaxPopMany;
+    if (most == 0) return 0;
+    uint64_t pos = head_.load(std::memory_order_relaxed);
+    for (;;) {
+      uint32_t m = 0;
+      while (m < 2 * most && seq_at(pos + m) == pos + m + 1) ++m;
+      if (m == 0) {
+        if (int64_t(seq_at(pos)) - int64_t(pos + 1) < 0) return 0;
+        pos = head_.load(std::memory_order_relaxed);
+        continue;
+      }
+      m = (m + 1) / 2;
+      if (m > most) m = most;
+      if (!head_.compare_exchange_weak(pos, pos + m, std::memory_order_relaxed)) continue;
+      // As pop_ring: copy out and hand the cells back before touching the slots.
+      uint8_t in[kMaxPopMany][kInline];
+      for (uint32_t i = 0; i < m; ++i) {
+        Cell &c = cells_[(pos + i) & mask_];
+        t[i] = c.task;
+        if (t[i].input_size && t[i].input_size <= kInline) std::memcpy(in[i], c.data, t[i].input_size);
+        set_seq(pos + i, pos + i + mask_ + 1);  // release: our reads of the cell come first
+      }
+      for (uint32_t i = 0; i < m; ++i)
+        if (t[i].input_size && t[i].input_size <= kInline)
+          std::memcpy(input_dst(ctx, t[i].slot), in[i], t[i].input_size);
+      return m;
+    }
+  }
+
   // A hint: polls the head cell itself, so the producer's write of that cell
   // is what wakes the poller (no separate tail line to bounce).
   bool maybe_nonempty() const {
