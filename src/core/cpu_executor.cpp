@@ -170,7 +170,7 @@ chi_status_t CpuExecutor::start() {
   max_spinners_ = int32_t(std::max(1u, std::min(n, cpus / 2)));
   // Measured on a 16-CPU host with 16 workers and 16 submitters: taking up
   // to 4 tasks of a shared queue at once took 'cpu->cpu batched x16' from
-  // 11.5-12 to 18-22 M tasks/s and its p99 from 4 ms to 0.2-0.5 ms; on 2
+  // 8.6-12.3 to 13-17 M tasks/s and its p99 from 4 ms to 0.6-3.7 ms; on 2
   // CPUs it cost the pipelined rows (docs/performance.md).
   pop_batch_ = cfg_.worker_pop_batch ? cfg_.worker_pop_batch : cpus >= 16 ? 4u : 1u;
   workers_.reserve(n);
