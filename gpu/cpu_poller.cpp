@@ -266,7 +266,15 @@ void CpuPoller::run(uint32_t part) {
     }
     // Parked: the group's watcher serves this part until it gets busy.
     group.hand_over(part, ticket);
-    group.park(part, backoff, serve_parked, on_watch);
+    // A sleeper that wakes on its own looks at the other shares: a watcher
+    // held up in a handler leaves the parked shares' tasks to it.
+    auto on_check = [&] {
+      const uint32_t got = stealer.check([&](int64_t ns) { group.nap(ns); }, now_ns, is_published, read_other,
+                                         serve_read);
+      if (got) count(got);
+      return got != 0;
+    };
+    group.park(part, backoff, serve_parked, on_watch, on_check);
     group.take(part);
     ticket = claims.next(part);
     backoff.reset();

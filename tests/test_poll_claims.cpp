@@ -254,7 +254,13 @@ struct Bench {
         group.nap(nap);
       } else {
         group.hand_over(p, ticket);
-        group.park(p, b, serve_parked, on_watch);
+        auto on_check = [&] {
+          const uint32_t got = stealer.check([&](int64_t ns) { group.nap(ns); }, [] { return chi::now_ns(); },
+                                             published, read, serve_read);
+          if (got) sleeper_steals.fetch_add(got, std::memory_order_relaxed);
+          return got != 0;
+        };
+        group.park(p, b, serve_parked, on_watch, on_check);
         group.take(p);
         ticket = claims.next(p);
         b.reset();
@@ -292,6 +298,7 @@ struct Bench {
   std::atomic<uint64_t> done{0};
   std::atomic<uint64_t> bad{0};
   std::atomic<uint64_t> watcher_steals{0};
+  std::atomic<uint64_t> sleeper_steals{0};
   std::vector<std::thread> threads;
 };
 
@@ -369,6 +376,48 @@ void test_blocked_poller_stolen_from(void **) {
   assert_true(b.watcher_steals.load() > 0);
 }
 
+// The parked group's watcher blocks in a handler: every poller parked, then
+// one ticket, which the watcher serves and blocks in until every other
+// ticket is served; those come after it, and only sleepers that wake on
+// their own (every PollGroup::kSleeperCheckNs) and steal can serve them.
+void test_blocked_watcher(void **) {
+  constexpr uint32_t kParts = 4;
+  constexpr uint64_t kTickets = 256;
+  Bench b(kParts, kTickets, 50000);
+  std::atomic<int32_t> blocked_by{-1};
+  std::atomic<bool> timed_out{false};
+  b.block = [&] {
+    blocked_by.store(b.group.watcher());
+    // A safety bound, not a timing: without the sleepers' check this never ends.
+    for (int i = 0; i < 600000; ++i) {
+      if (b.done.load(std::memory_order_acquire) >= kTickets - 1) return;
+      Bench::sleep_us(100);
+    }
+    timed_out.store(true);
+  };
+  b.start();
+  bool parked = false;
+  for (int i = 0; i < 100000 && !parked; ++i) {
+    parked = b.group.sleeping() == kParts - 1 && b.group.watcher() >= 0;
+    if (!parked) Bench::sleep_us(100);
+  }
+  b.ring.publish(0);
+  for (int i = 0; i < 600000 && blocked_by.load() < 0; ++i) Bench::sleep_us(100);
+  for (uint64_t t = 1; t < kTickets; ++t) b.ring.publish(t);
+  const bool all = b.wait_done(kTickets);
+  b.stop();
+  assert_true(parked);
+  assert_true(blocked_by.load() >= 0);
+  assert_true(all);
+  assert_false(timed_out.load());
+  assert_int_equal(b.bad.load(), 0);
+  for (uint64_t t = 0; t < kTickets; ++t) assert_int_equal(b.count[t].load(), 1);
+  // Ticket 0 went to the watcher, and the rest to pollers other than it.
+  assert_int_equal(b.by[0].load(), blocked_by.load());
+  for (uint64_t t = 1; t < kTickets; ++t) assert_int_not_equal(b.by[t].load(), blocked_by.load());
+  assert_true(b.sleeper_steals.load() > 0);
+}
+
 // Stealing off: ticket 0's handler waits until every ticket of the other
 // parts is served; none of its own part may have been served by then.
 void test_no_steal_when_off(void **) {
@@ -432,6 +481,7 @@ int main(void) {
       cmocka_unit_test(test_claim_words),
       cmocka_unit_test(test_stealer_delay),
       cmocka_unit_test(test_blocked_poller_stolen_from),
+      cmocka_unit_test(test_blocked_watcher),
       cmocka_unit_test(test_no_steal_when_off),
       cmocka_unit_test(test_race_every_ticket_once),
   };

@@ -105,6 +105,27 @@ class PollStealer {
       : claims_(claims), self_(self), after_ns_(steal_after_ns), seen_(new Seen[claims.parts()]) {}
 
   bool enabled() const { return after_ns_ > 0 && claims_.parts() > 1; }
+  // The steal delay, in ns (<= 0: never steals).
+  int64_t delay_ns() const { return after_ns_; }
+  // Whether the last look saw some part's next ticket published and
+  // unclaimed (a look after the delay would take it unless its owner does).
+  bool tracking() const {
+    for (uint32_t q = 0; q < claims_.parts(); ++q)
+      if (q != self_ && seen_[q].ticket != kNone) return true;
+    return false;
+  }
+
+  // A parked poller's occasional check (PollGroup::park's on_check): a look
+  // now, and if it saw a task waiting, another after the delay (naps with
+  // nap(ns)).  Returns the tickets served.
+  template <class Nap, class Now, class Published, class Read, class Serve>
+  uint32_t check(Nap &&nap, Now &&now, Published &&published, Read &&read, Serve &&serve) {
+    if (!enabled()) return 0;
+    uint32_t got = look(now(), published, read, serve);
+    if (got || !tracking()) return got;
+    nap(after_ns_);
+    return look(now(), published, read, serve);
+  }
 
   // One look at the other parts at time `now` (ns, any clock that only
   // moves forward; the caller's, so that a look costs no clock read).  A

@@ -101,9 +101,12 @@ class PollGroup {
   // published yet); it gets the part's next ticket as an lvalue, which a
   // serve whose tickets others may also take (PollClaims::serve_for_group)
   // sets to the one it served, or to the next.  on_watch() runs on the
-  // watcher now and then.
-  template <class Serve, class OnWatch>
-  void park(uint32_t p, IdleBackoff &b, Serve &&serve, OnWatch &&on_watch) {
+  // watcher now and then.  on_check() runs on a sleeper each time it wakes
+  // on its own (every kSleeperCheckNs); true (it found work, e.g. stole
+  // tasks a watcher held up in a handler left behind) ends its park unless
+  // the watcher holds its part.
+  template <class Serve, class OnWatch, class OnCheck>
+  void park(uint32_t p, IdleBackoff &b, Serve &&serve, OnWatch &&on_watch, OnCheck &&on_check) {
     Part &me = parts_[p];
     for (;;) {
       if (stopping()) return;
@@ -120,7 +123,17 @@ class PollGroup {
       sleeping_.fetch_add(1, std::memory_order_relaxed);
       futex_wait(&me.wake, seq, kSleeperCheckNs);
       sleeping_.fetch_sub(1, std::memory_order_relaxed);
+      // Not rung (its sleep ran out): the check, then back to sleep unless
+      // it found work.
+      if (me.wake.load(std::memory_order_seq_cst) == seq && !stopping() && on_check() &&
+          me.held.load(std::memory_order_acquire) == 0)
+        return;
     }
+  }
+  // park() without a sleeper check.
+  template <class Serve, class OnWatch>
+  void park(uint32_t p, IdleBackoff &b, Serve &&serve, OnWatch &&on_watch) {
+    park(p, b, serve, on_watch, [] { return false; });
   }
 
   // Sleeps up to ns; stop() ends it early.
