@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# CPU->CPU rows of two builds on the 16-core GPU host, GPUs hidden, in turns
+# in one device call: builds chimaera-bench from a base commit's tarball
+# (build-abtrees/base.tar.gz, made here by `scripts/gpu-route-ab.sh prepare
+# REF`) and from this tree, then runs `chimaera-bench --threads N
+# --tput-tasks M` with CHI_GPU_DEVICES=0 for base, new and each variant of
+# the new build, ROUNDS times in turns.  One line per run in $OUT/summary.txt
+# (cpu->cpu p50 us, pipelined x1 M/s, pipelined xN M/s / p99 us, batched xN
+# M/s / p99 us); the raw outputs in $OUT/raw.tgz.
+#
+#   here:    scripts/gpu-route-ab.sh prepare d9e5231
+#   device:  run(command="CPU_AB_VARIANTS='CHI_WORKER_POP_BATCH=1' bash scripts/gpu-cpu-ab.sh",
+#                carry=[".devdeps", "build-abtrees"])
+#
+# Also runs on any machine with the build dependencies (no GPU needed).
+# Environment: CPU_AB_ROUNDS (default 3), CPU_AB_THREADS (default 16),
+# CPU_AB_TASKS (default 1000000), CPU_AB_ITERS (default 20000),
+# CPU_AB_VARIANTS (';'-separated settings of the new build, each a list of
+# VAR=VALUE), JOBS (default 16).
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/chi-cpu-ab-out}
+mkdir -p "$OUT/raw"
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+trees=build-abtrees
+[ -f "$trees/base.tar.gz" ] || { note "no $trees/base.tar.gz: run 'scripts/gpu-route-ab.sh prepare REF' here first"; exit 1; }
+[ -f scripts/gpu-deps.sh ] && [ -d .devdeps ] && . scripts/gpu-deps.sh >/dev/null 2>&1
+JOBS=${JOBS:-16}
+cfg() { # SRC BUILD
+  local cuda=OFF
+  command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] && cuda=ON
+  PKG_CONFIG_SYSROOT_DIR=${PKG_CONFIG_SYSROOT_DIR:-} cmake -S "$1" -B "$2" -G Ninja -DCHI_ENABLE_CUDA=$cuda \
+    -DCHI_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_STANDARD=17 -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
+    cmake --build "$2" -j "$JOBS" --target chimaera-bench >/dev/null
+}
+note "== gpu-cpu-ab on $(hostname), $(date -u +%FT%TZ), $(nproc) CPUs"
+note "base: $(cut -c1-100 "$trees/base.txt" 2>/dev/null)"
+note "new:  this tree ($(git log -1 --format=%h 2>/dev/null || echo 'no history') plus its changes)"
+rm -rf /tmp/chi-cpu-ab-base && mkdir -p /tmp/chi-cpu-ab-base && tar -xzf "$trees/base.tar.gz" -C /tmp/chi-cpu-ab-base
+cfg /tmp/chi-cpu-ab-base /tmp/chi-cpu-ab-base-build || { note "base build FAILED"; exit 1; }
+cfg . /tmp/chi-cpu-ab-new-build || { note "new build FAILED"; exit 1; }
+THREADS=${CPU_AB_THREADS:-16}
+IFS=';' read -r -a sets <<<"${CPU_AB_VARIANTS-}"
+note "columns: cpu->cpu p50 us | pipelined x1 M/s | pipelined x$THREADS M/s (p99 us) | batched x$THREADS M/s (p99 us)"
+run() { # TAG BUILD [VAR=VALUE ...]
+  local tag=$1 b=$2 f; shift 2
+  f=$OUT/raw/$tag.txt
+  env CHI_GPU_DEVICES=0 "$@" timeout 120 "$b/src/tools/chimaera-bench" --iters "${CPU_AB_ITERS:-20000}" \
+    --tput-tasks "${CPU_AB_TASKS:-1000000}" --threads "$THREADS" >"$f" 2>&1
+  note "$(printf '%-40s' "$tag") $(awk '$1 == "cpu->cpu" && $2 == "latency" {printf "%s", $5}' "$f") |" \
+    "$(awk '$2 == "pipelined" && $3 == "x1" {printf "%s", $10}' "$f") |" \
+    "$(awk -v t="x$THREADS" '$2 == "pipelined" && $3 == t {printf "%s (%s)", $10, $8}' "$f") |" \
+    "$(awk -v t="x$THREADS" '$2 == "batched" && $3 == t {printf "%s (%s)", $10, $8}' "$f")"
+}
+for r in $(seq 1 "${CPU_AB_ROUNDS:-3}"); do
+  run "base-r$r" /tmp/chi-cpu-ab-base-build
+  run "new-r$r" /tmp/chi-cpu-ab-new-build
+  for v in "${sets[@]}"; do
+    [ -n "$v" ] || continue
+    read -r -a envs <<<"$v"
+    run "new-$(echo "$v" | tr ' =' '_-')-r$r" /tmp/chi-cpu-ab-new-build "${envs[@]}"
+  done
+done
+tar -C "$OUT" -czf "$OUT/raw.tgz" raw && rm -rf "$OUT/raw"
