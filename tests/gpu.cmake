@@ -12,6 +12,9 @@ if(CHI_HAVE_CUDA)
   chi_add_test(test_gpu_device_submit SOURCES gpu/test_gpu_device_submit.cu GPU TIMEOUT 300 LABELS gpu)
   # A CPU handler that blocks its poller: the other pollers steal its part's tasks.
   chi_add_test(test_gpu_poller_steal SOURCES gpu/test_gpu_poller_steal.cu GPU TIMEOUT 300 LABELS gpu)
+  # The same with the pollers parked first: the watcher blocks, sleepers steal.
+  add_test(NAME test_gpu_poller_steal_parked COMMAND test_gpu_poller_steal parked)
+  set_tests_properties(test_gpu_poller_steal_parked PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77 LABELS gpu)
   # A device handler that traps / reads an unmapped address: contained.
   chi_add_test(test_gpu_fault SOURCES gpu/test_gpu_fault.cu GPU TIMEOUT 120 LABELS gpu)
   set_target_properties(test_gpu_fault PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)

@@ -10,13 +10,17 @@
  * CHI_ERR_TIMEOUT and the test fails.
  *
  * Runs with 4 pollers (CHI_GPU_POLLERS; a value >= 2 in the environment is
- * kept): with one poller nobody could steal.  The pollers never park
- * (CHI_GPU_POLLER_PARK_AFTER_US=0): a parked group's watcher would serve the
- * blocking task itself and hold up every parked share, which stealing does
- * not cover (docs/gpu.md).  Exit 77 without a usable GPU.
+ * kept): with one poller nobody could steal.  By default the pollers never
+ * park (CHI_GPU_POLLER_PARK_AFTER_US=0), so the blocking task meets a poller
+ * in its own loop.  With the argument `parked` they park (the default
+ * gpu.poller_park_after_us, 10 ms) and the task comes after 100 ms of quiet:
+ * the parked group's watcher serves it and blocks, and the echoes of the
+ * parked shares complete only if the sleepers, which wake every 100 ms,
+ * steal them (docs/gpu.md).  Exit 77 without a usable GPU.
  */
 #include "gpu_common.h"
 
+#include <string.h>
 #include <time.h>
 
 #include <atomic>
@@ -28,6 +32,7 @@ static int32_t *g_st;             /* mapped pinned: the blocking task's statuses
 static unsigned long long *g_cnt; /* mapped pinned: echo counters */
 static std::atomic<uint64_t> g_echoes{0};
 static std::atomic<bool> g_blocking{false};
+static bool g_parked; /* argument `parked`: the pollers park before the blocking task */
 
 #define ECHO_BLOCKS 8
 #define ECHO_THREADS 32
@@ -106,6 +111,11 @@ static void test_blocked_poller(void **state) {
   CK(cudaStreamCreateWithFlags(&se, cudaStreamNonBlocking));
   g_st[0] = g_st[1] = -1;
   for (int i = 0; i < 3; ++i) g_cnt[i] = 0;
+  if (g_parked) {
+    /* Quiet past gpu.poller_park_after_us: the group parks, one watching. */
+    struct timespec ts = {0, 100000000};
+    nanosleep(&ts, NULL);
+  }
   k_block<<<1, 1, 0, sb>>>(g_ctx, g_block_method, g_st);
   CK(cudaGetLastError());
   /* The echoes start once a poller is held up by the blocking handler. */
@@ -128,8 +138,9 @@ static void test_blocked_poller(void **state) {
   CK(cudaStreamDestroy(se));
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
+  g_parked = argc > 1 && strcmp(argv[1], "parked") == 0;
   if (!gt_have_cuda()) {
     printf("# no CUDA device\n");
     return 77;
@@ -137,9 +148,11 @@ int main(void) {
   const char *pollers = getenv("CHI_GPU_POLLERS");
   if (!pollers || atoi(pollers) < 2) setenv("CHI_GPU_POLLERS", "4", 1);
   setenv("CHI_GPU_POLLER_STEAL_US", "50", 0);
-  setenv("CHI_GPU_POLLER_PARK_AFTER_US", "0", 1);
-  printf("# CHI_GPU_POLLERS=%s CHI_GPU_POLLER_STEAL_US=%s CHI_GPU_POLLER_PARK_AFTER_US=0\n",
-         getenv("CHI_GPU_POLLERS"), getenv("CHI_GPU_POLLER_STEAL_US"));
+  if (!g_parked) setenv("CHI_GPU_POLLER_PARK_AFTER_US", "0", 1);
+  printf("# CHI_GPU_POLLERS=%s CHI_GPU_POLLER_STEAL_US=%s CHI_GPU_POLLER_PARK_AFTER_US=%s%s\n",
+         getenv("CHI_GPU_POLLERS"), getenv("CHI_GPU_POLLER_STEAL_US"),
+         getenv("CHI_GPU_POLLER_PARK_AFTER_US") ? getenv("CHI_GPU_POLLER_PARK_AFTER_US") : "(default)",
+         g_parked ? ", parked before the blocking task" : "");
   if (cudaHostAlloc((void **)&g_st, 8 * sizeof(int32_t), cudaHostAllocMapped) != cudaSuccess ||
       cudaHostAlloc((void **)&g_cnt, 8 * sizeof(unsigned long long), cudaHostAllocMapped) != cudaSuccess)
     return 1;
