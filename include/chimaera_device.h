@@ -345,7 +345,8 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
  *   ctx     [in] the context of the future's GPU.
  *   future  from chi_dev_submit or chi_dev_warp_submit.
  *   done    [out] 1: finished, 0: not yet.
- * Returns CHI_OK or CHI_ERR_INVALID (NULL argument, stale or unknown future).
+ * Returns CHI_OK or CHI_ERR_INVALID (NULL argument, stale or unknown future,
+ * or one another thread is waiting on: see chi_dev_wait).
  * Thread safety: any thread. */
 CHI_DEVICE chi_status_t chi_dev_test(const chi_dev_context_t *ctx, chi_future_t future, int *done) {
   using namespace chi_dev_detail;

@@ -207,8 +207,8 @@ CHI_DEVICE_NOINLINE void run_device_task(const chi_dev_orch_state_t *st, popped_
  * (warp-collective; lane k < n holds task k in `mine`, its state word and
  * header read by the pop).  The handlers run one after another, and the
  * results are published together: each lane k writes task k's header and
- * makes its release CAS, all in flight at once, instead of a store and a CAS
- * round trip per task.  A waiter therefore sees its task done once the whole
+ * sets its DONE bit (a release fetch_or), all in flight at once, instead of
+ * a store and an atomic round trip per task.  A waiter therefore sees its task done once the whole
  * batch ran (at most kPopBatch tasks). */
 template <class D>
 CHI_DEVICE_NOINLINE void run_device_batch(const chi_dev_orch_state_t *st, popped_task mine, uint32_t n,

@@ -522,12 +522,9 @@ uint32_t CpuExecutor::first_ring(bool worker) const {
   return first;
 }
 
-bool CpuExecutor::pop_batch(QueuedTask *task) {
+bool CpuExecutor::pop_batch(RunQueue &q, QueuedTask *task) {
   QueuedTask got[RunQueue::kMaxPopMany];
-  uint32_t n = 0;
-  const uint32_t first = first_ring(true);
-  for (uint32_t k = 0; k < nrings_ && n == 0; ++k)
-    n = run_[(first + k) & (nrings_ - 1)].pop_many(got, pop_batch_, input_dst, this);
+  const uint32_t n = q.pop_many(got, pop_batch_, input_dst, this);
   if (n == 0) return false;
   // The rest stay with this worker, its next pops (tls_held).  Queued on
   // its own queue instead, so that idle workers could steal them, they cost
@@ -539,7 +536,7 @@ bool CpuExecutor::pop_batch(QueuedTask *task) {
   return true;
 }
 
-bool CpuExecutor::pop_task(QueuedTask *task, bool own_only) {
+bool CpuExecutor::pop_task(QueuedTask *task, bool own_only, bool batch) {
   const bool worker = on_worker_thread();
   if (worker && tls_held_next < tls_held_end) {
     *task = tls_held[tls_held_next++];
@@ -547,9 +544,12 @@ bool CpuExecutor::pop_task(QueuedTask *task, bool own_only) {
   }
   if (worker && local_[tls_worker].pop(task, input_dst, this)) return true;
   if (own_only) return false;
+  batch = batch && worker && pop_batch_ > 1;
   const uint32_t first = first_ring(worker);
-  for (uint32_t k = 0, r = first; k < nrings_; ++k, r = r + 1 == nrings_ ? 0 : r + 1)
-    if (run_[r].pop(task, input_dst, this)) return true;
+  for (uint32_t k = 0, r = first; k < nrings_; ++k, r = r + 1 == nrings_ ? 0 : r + 1) {
+    if (batch && pop_batch(run_[r], task)) return true;
+    if (run_[r].pop(task, input_dst, this)) return true;  // the spill list, or the only pop
+  }
   // Steal children that busy handlers queued on their own workers.
   uint32_t n = cfg_.workers, start = worker ? tls_worker + 1 : 0;
   for (uint32_t k = 0; k < n; ++k) {
@@ -573,10 +573,10 @@ void CpuExecutor::worker_main(unsigned id) {
   tls_worker = id;
   for (;;) {
     QueuedTask task;
-    // Several tasks of a shared queue at once when the own queue is empty
-    // (worker_pop_batch): one claim of the shared head for all of them.
-    if ((pop_batch_ > 1 && tls_held_next == tls_held_end && !local_[id].maybe_nonempty() && pop_batch(&task)) ||
-        pop_task(&task, false)) {
+    // The worker's own loop takes several tasks of a shared queue at once
+    // (worker_pop_batch: one claim of its head); a waiting handler's help
+    // takes one at a time.
+    if (pop_task(&task, false, true)) {
       // Submitters skip the wake while some worker spins.  This worker has
       // just stopped spinning (its count dropped before the pop): if more
       // work is queued and no one else spins, it passes the wake on, or that

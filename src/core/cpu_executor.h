@@ -117,7 +117,11 @@ class CpuExecutor final : public Executor {
   // nothing claimed; else CHI_ERR_TIMEOUT or CHI_ERR_INVALID with a message.
   chi_status_t wait_done(uint32_t slot, uint32_t gen, int64_t timeout_ns, int64_t since_ns, uint32_t *word);
   void run_task(const QueuedTask &task);
-  bool pop_task(QueuedTask *task, bool own_only);
+  // The next task for this thread: a worker's held tasks, its own queue,
+  // then (unless own_only) application threads' queues and other workers'
+  // queues.  batch: a worker takes up to pop_batch_ tasks of a shared queue
+  // at once (its own loop only).
+  bool pop_task(QueuedTask *task, bool own_only, bool batch = false);
   // Queues an application thread's task on its run queue, else another one.
   void push_shared(const QueuedTask &task, const void *input, uint8_t *slot_input);
   static uint8_t *input_dst(void *self, uint32_t slot);
@@ -128,10 +132,10 @@ class CpuExecutor final : public Executor {
   void notify_worker();
   // The first application-thread queue a pop looks at (pop_task).
   uint32_t first_ring(bool worker) const;
-  // A worker with an empty own queue: up to pop_batch_ tasks of a shared
-  // queue with one claim; the first in *task, the rest held for its next
-  // pops (pop_task takes them first).
-  bool pop_batch(QueuedTask *task);
+  // A worker: up to pop_batch_ tasks of shared queue q with one claim; the
+  // first in *task, the rest held for its next pops (pop_task takes them
+  // first).  False: q's ring is empty.
+  bool pop_batch(RunQueue &q, QueuedTask *task);
 
   const Config &cfg_;
   const Registry &reg_;

@@ -144,14 +144,9 @@ class RunQueue {
       m = (m + 1) / 2;
       if (m > most) m = most;
       if (!head_.compare_exchange_weak(pos, pos + m, std::memory_order_relaxed)) continue;
-      // As pop_ring: copy out and hand the cells back before touching the slots.
+      // As pop_ring: every cell handed back before any slot is touched.
       uint8_t in[kMaxPopMany][kInline];
-      for (uint32_t i = 0; i < m; ++i) {
-        Cell &c = cells_[(pos + i) & mask_];
-        t[i] = c.task;
-        if (t[i].input_size && t[i].input_size <= kInline) std::memcpy(in[i], c.data, t[i].input_size);
-        set_seq(pos + i, pos + i + mask_ + 1);  // release: our reads of the cell come first
-      }
+      for (uint32_t i = 0; i < m; ++i) take_cell(pos + i, &t[i], in[i]);
       for (uint32_t i = 0; i < m; ++i)
         if (t[i].input_size && t[i].input_size <= kInline)
           std::memcpy(input_dst(ctx, t[i].slot), in[i], t[i].input_size);
@@ -205,6 +200,15 @@ class RunQueue {
     }
   }
 
+  // Copies the task of the cell at pos (claimed by the caller) and its
+  // inline input to `in`, then hands the cell back to producers.
+  void take_cell(uint64_t pos, QueuedTask *t, uint8_t *in) {
+    Cell &c = cells_[pos & mask_];
+    *t = c.task;
+    if (t->input_size && t->input_size <= kInline) std::memcpy(in, c.data, t->input_size);
+    set_seq(pos, pos + mask_ + 1);  // release: our reads of the cell come first
+  }
+
   bool pop_ring(QueuedTask *t, uint8_t *(*input_dst)(void *, uint32_t), void *ctx) {
     uint64_t pos = head_.load(std::memory_order_relaxed);
     for (;;) {
@@ -215,13 +219,9 @@ class RunQueue {
           // use it: copy out to the stack and hand it back before touching
           // the slot (which may miss in cache or fault a fresh page in), so
           // a consumer descheduled here holds up the ring as briefly as can be.
-          Cell &c = cells_[pos & mask_];
-          *t = c.task;
           uint8_t in[kInline];
-          const bool inline_input = t->input_size && t->input_size <= kInline;
-          if (inline_input) std::memcpy(in, c.data, t->input_size);
-          set_seq(pos, pos + mask_ + 1);  // release: our reads of the cell come first
-          if (inline_input) std::memcpy(input_dst(ctx, t->slot), in, t->input_size);
+          take_cell(pos, t, in);
+          if (t->input_size && t->input_size <= kInline) std::memcpy(input_dst(ctx, t->slot), in, t->input_size);
           return true;
         }
       } else if (diff < 0) {
