@@ -173,9 +173,9 @@ chi_status_t GpuDevice::allocate() {
   size_t d2d_slots = dc.take(s.dslots * (CHI_DEV_SLOT_HEADER + 2 * s.payload_stride));
   size_t d2d_state = dc.take(s.dslots * sizeof(uint32_t));
   size_t d2d_bitmap = dc.take(s.dslots / 8);
-  size_t d2d_cells = dc.take(s.dslots * sizeof(uint64_t));
-  size_t d2d_head = dc.take(128);
-  size_t d2d_tail = dc.take(128);
+  size_t d2d_bell = dc.take(s.dslots / 8);
+  size_t d2d_seen = dc.take(s.dslots / 8);
+  size_t warp_done = dc.take(s.nwarps * sizeof(uint64_t));
   size_t gate = dc.take(128);
   size_t stage = dc.take(CHI_DEV_MAX_REGIONS * sizeof(chi_dev_region_t));
   if (cudaError_t e = cudaMalloc(reinterpret_cast<void **>(&dev_), dc.size); e != cudaSuccess) {
@@ -192,9 +192,8 @@ chi_status_t GpuDevice::allocate() {
   l.d2d_slots = dev_ + d2d_slots;
   l.d2d_state = reinterpret_cast<uint32_t *>(dev_ + d2d_state);
   l.d2d_bitmap = reinterpret_cast<uint32_t *>(dev_ + d2d_bitmap);
-  l.d2d_cells = reinterpret_cast<uint64_t *>(dev_ + d2d_cells);
-  l.d2d_head = reinterpret_cast<uint64_t *>(dev_ + d2d_head);
-  l.d2d_tail = reinterpret_cast<uint64_t *>(dev_ + d2d_tail);
+  l.d2d_bell = reinterpret_cast<uint32_t *>(dev_ + d2d_bell);
+  l.d2d_seen = reinterpret_cast<uint32_t *>(dev_ + d2d_seen);
   l.gate = reinterpret_cast<uint64_t *>(dev_ + gate);
 
   chi_dev_orch_state_t os;
@@ -218,18 +217,15 @@ chi_status_t GpuDevice::allocate() {
   os.scratch = dev_ + scratch;
   os.lease_ns = s.lease_ns;
   os.host_lease = reinterpret_cast<const uint64_t *>(pdev + stop + 64);
+  os.warp_done = reinterpret_cast<uint64_t *>(dev_ + warp_done);
 
-  // Run-queue cell i starts free for ticket i; no method has a user handler yet.
-  std::vector<uint64_t> cells(s.dslots);
-  for (uint32_t i = 0; i < s.dslots; ++i) cells[i] = uint64_t(i) << 32;
+  // Everything starts zero (no bell rung, none served, generation 0); no
+  // method has a user handler yet.
   std::vector<int32_t> none(kMaxMethods, -1);
   // Polling warp p serves tickets p, p + pollers, ...
   std::vector<uint64_t> first(s.h2d_pollers);
   for (uint32_t p = 0; p < s.h2d_pollers; ++p) first[p] = p;
   cudaError_t e = cudaMemsetAsync(dev_, 0, dc.size, ctl_stream_);
-  if (e == cudaSuccess)
-    e = cudaMemcpyAsync(l.d2d_cells, cells.data(), cells.size() * sizeof(uint64_t),
-                        cudaMemcpyHostToDevice, ctl_stream_);
   if (e == cudaSuccess)
     e = cudaMemcpyAsync(dispatch_, none.data(), none.size() * sizeof(int32_t),
                         cudaMemcpyHostToDevice, ctl_stream_);

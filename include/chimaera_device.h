@@ -52,8 +52,8 @@
  *                                   LL loads and stores, timer, warp intrinsics
  *   chimaera/device_layout.h        the structures and constants the runtime
  *                                   and device code share (CHI_DEV_ABI_VERSION)
- *   chimaera/device_protocol.h      slots, futures, the run queue and the
- *                                   GPU->CPU ring behind the calls below
+ *   chimaera/device_protocol.h      slots, futures, the GPU->GPU bells and
+ *                                   the GPU->CPU ring behind the calls below
  *   chimaera/device_orchestrator.h  the orchestrator loop, the built-in
  *                                   methods, CHI_DEFINE_ORCHESTRATOR's body
  */
@@ -92,10 +92,9 @@ CHI_DEVICE chi_status_t submit_one(const chi_dev_context_t *ctx, chi_route_t rou
   const chi_dev_layout *l = layout(ctx);
   uint64_t t;
   if (kind == kKindLocal) {
-    if ((s = local_prepare(l, method, input, input_size, &slot, &gen, wait, &t)) != CHI_OK) return s;
-    const bool pushed = queue_push_at(l, t, slot);
+    if ((s = local_prepare(l, &slot, &gen, wait)) != CHI_OK) return s;
+    local_publish(l, slot, gen, method, input, input_size);
     gate_leave(l);
-    if (!pushed) return CHI_ERR_INTERNAL;
   } else {
     if ((s = cpu_prepare(l, input, input_size, &slot, &gen, wait, &t)) != CHI_OK) return s;
     cpu_publish(l, t, method, input, input_size, ring_slot_word(l, slot, route), gen);
@@ -104,48 +103,48 @@ CHI_DEVICE chi_status_t submit_one(const chi_dev_context_t *ctx, chi_route_t rou
   return CHI_OK;
 }
 
-/* GPU->GPU, the end of a wait: the task is DONE (acquired by the caller).
- * Reads the header and output, claims the future unless the wait holds it
- * already (held: WAITING), and frees the slot; on CHI_ERR_TOO_LARGE it
- * leaves the future DONE and unclaimed. */
-CHI_DEVICE chi_status_t local_take(const chi_dev_layout *l, uint32_t slot, uint32_t gen, bool held, void *output,
-                                   uint32_t output_capacity, uint32_t *output_size) {
+/* GPU->GPU, the end of a wait: the reply's header words carry gen (r, as
+ * local_poll read them).  held: this wait claimed the future before
+ * (WAITING); else it claims it now from `seen` (the state word it read:
+ * SUBMITTED, or DONE once the orchestrator marked it).  Takes the output,
+ * marks the future consumed and frees the slot; on CHI_ERR_TOO_LARGE the
+ * future stays valid. */
+CHI_DEVICE chi_status_t local_take(const chi_dev_layout *l, uint32_t slot, uint32_t gen, bool held, uint32_t seen,
+                                   d2d_reply *r, void *output, uint32_t output_capacity, uint32_t *output_size) {
   uint32_t *state = l->d2d_state + slot;
   const uint32_t g8 = gen << 8;
-  const uint8_t *base = d2d_slot(l, slot);
-  const uint4 *obuf = reinterpret_cast<const uint4 *>(base + CHI_DEV_SLOT_HEADER + l->payload_stride);
-  /* The header and the first 64 output bytes in one round trip (the
-   * slot is 16-byte aligned and its output area at least 128 bytes). */
-  const uint4 hv = *reinterpret_cast<const uint4 *>(base);
-  uint4 v0 = obuf[0], v1 = obuf[1], v2 = obuf[2], v3 = obuf[3];
-  /* DONE was acquired above, so what was read is this task's output as
-   * long as nobody else claims the slot.  Held: nobody else can.  Else
-   * the claim only arbitrates, in flight beside those loads. */
-  bool claimed = held;
-  if (!held) {
-    uint32_t expect = g8 | CHI_DEV_SLOT_DONE;
-    claimed = chi_port::cas_relaxed_dev(state, &expect, g8 | CHI_DEV_SLOT_CLAIMED);
-  }
-  const chi_status_t status = static_cast<chi_status_t>(hv.z);
-  const uint32_t osize = hv.w;
-  if (!claimed) return CHI_ERR_INVALID;
+  const chi_status_t status = static_cast<chi_status_t>(ll_data(r->h0));
+  const uint32_t osize = ll_data(r->h1);
   if (output && osize > output_capacity) {
-    chi_port::st_relaxed_dev(state, g8 | CHI_DEV_SLOT_DONE); /* the caller may wait again */
+    if (held) { /* give the future back, DONE if the orchestrator marked it meanwhile */
+      uint32_t expect = g8 | CHI_DEV_SLOT_WAITING;
+      if (!chi_port::cas_relaxed_dev(state, &expect, g8 | CHI_DEV_SLOT_SUBMITTED))
+        chi_port::st_relaxed_dev(state, g8 | CHI_DEV_SLOT_DONE);
+    }
     if (output_size) *output_size = osize;
     return CHI_ERR_TOO_LARGE;
   }
-  if (held) chi_port::st_relaxed_dev(state, g8 | CHI_DEV_SLOT_CLAIMED); /* before the bitmap's release */
-  /* The slot stays CLAIMED (a consumed future reads as such) until the
-   * next submit takes it: one release, the bitmap's, frees it.  An output
-   * of up to 64 bytes is in registers already: the slot is freed first, so
-   * the release does not wait for the stores into the caller's buffer. */
-  if (!output || osize <= 64u) {
-    bitmap_free(l->d2d_bitmap, slot);
-    if (output && osize) put_first64(output, osize, v0, v1, v2, v3);
-  } else {
-    thread_copy(output, obuf, osize, true);
-    bitmap_free(l->d2d_bitmap, slot);
+  /* A held future stays WAITING once consumed (a later wait, test or
+   * release of it answers CHI_ERR_INVALID, as for CLAIMED), so this wait
+   * stores nothing the next owner must see: its free needs no release.  A
+   * claim made now is an RMW whose result this thread has seen; the free
+   * after it is a release anyway.  The slot keeps that state until the next
+   * submit takes it.  An LL output is in registers once complete: the slot
+   * is freed first, so the free does not wait for the stores into the
+   * caller's buffer. */
+  if (!held) {
+    /* The orchestrator may set DONE between the read and the claim: once more then. */
+    uint32_t expect = seen;
+    if (!chi_port::cas_relaxed_dev(state, &expect, g8 | CHI_DEV_SLOT_CLAIMED) &&
+        (expect != (g8 | CHI_DEV_SLOT_DONE) || !chi_port::cas_relaxed_dev(state, &expect, g8 | CHI_DEV_SLOT_CLAIMED)))
+      return CHI_ERR_INVALID;
   }
+  const bool ll = output && osize && osize <= CHI_DEV_D2D_LL_BYTES;
+  if (ll) ll_finish(l, slot, gen, r, osize);
+  else if (output && osize) local_output(l, slot, gen, r, osize, output);
+  if (held) bitmap_free_relaxed(l->d2d_bitmap, slot);
+  else bitmap_free(l->d2d_bitmap, slot);
+  if (ll) ll_get(output, r->w, osize);
   if (output_size) *output_size = osize;
   return status;
 }
@@ -168,8 +167,8 @@ CHI_DEVICE chi_status_t local_take(const chi_dev_layout *l, uint32_t slot, uint3
  * gpu.max_payload), CHI_ERR_AGAIN (no slot freed within the timeout; or, on
  * the GPU->GPU route, the orchestrator stepped aside for a device-wide CUDA
  * call in another thread and did not come back within two leases: do not
- * retry in a loop, that call waits for this kernel; nothing was queued),
- * CHI_ERR_INTERNAL (run queue broken).  An unknown method is not
+ * retry in a loop, that call waits for this kernel; nothing was queued).
+ * An unknown method is not
  * an error here: chi_dev_wait returns CHI_ERR_NOT_FOUND.
  * Ownership: the future must be consumed by chi_dev_wait or chi_dev_release
  * on this GPU; otherwise its slot stays in use until chi_finalize.
@@ -219,42 +218,46 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
   const uint64_t t0 = chi_port::timer_ns();
   const uint32_t spin_ns = l->wait_spin_ns;
   if (kind == kKindLocal) {
+    /* GPU->GPU: the reply is in the slot, flagged with the generation
+     * (docs/gpu.md, "GPU->GPU: bells and LL slots"): a poll reads its header
+     * words and, while the wait is young, an output of up to 64 bytes, all
+     * in one round trip, and the reply is there once the flags are. */
     uint32_t *state = l->d2d_state + slot;
     const uint32_t g8 = gen << 8;
+    const uint32_t want = output == nullptr ? 0u
+                          : output_capacity < CHI_DEV_D2D_LL_BYTES ? output_capacity
+                                                                   : CHI_DEV_D2D_LL_BYTES;
+    d2d_reply r = {};
     uint32_t s;
-    bool held = false; /* this wait claimed the future before the task ran (WAITING) */
+    bool held = false; /* this wait claimed the future before the task ended (WAITING) */
     if (timeout_ns != 0) {
-      /* Claim first: the CAS is in flight while the task runs, so once the
-       * orchestrator sets DONE, one poll and one read of the result remain
-       * (a claim after DONE cost one more atomic round trip). */
+      /* Claim first: the CAS is in flight beside the first poll, while the task runs. */
       uint32_t expect = g8 | CHI_DEV_SLOT_SUBMITTED;
       held = chi_port::cas_relaxed_dev(state, &expect, g8 | CHI_DEV_SLOT_WAITING);
       s = expect;
     } else {
-      s = chi_port::ld_acquire_dev(state);
+      s = chi_port::ld_relaxed_dev(state);
     }
-    if (held) {
-      for (;;) {
-        s = chi_port::ld_acquire_dev(state);
-        if (s & CHI_DEV_SLOT_DONE_BIT) break;
-        const uint64_t waited = chi_port::timer_ns() - t0;
-        if (timeout_ns > 0 && waited >= static_cast<uint64_t>(timeout_ns)) {
-          /* Give the future back; if the task finished meanwhile, as DONE. */
+    bool got = local_poll(l, slot, gen, want, &r);
+    /* Not claimed: done already (claimed in local_take), not done (a poll),
+     * or not this future's (another generation, another waiter, consumed). */
+    if (!held && ((s >> 8) != gen || ((s & 0xFFu) != CHI_DEV_SLOT_SUBMITTED && (s & 0xFFu) != CHI_DEV_SLOT_DONE)))
+      return CHI_ERR_INVALID;
+    while (!got) {
+      const uint64_t waited = chi_port::timer_ns() - t0;
+      if (timeout_ns == 0 || (timeout_ns > 0 && waited >= static_cast<uint64_t>(timeout_ns))) {
+        if (held) { /* give the future back; DONE if the orchestrator marked it meanwhile */
           uint32_t expect = g8 | CHI_DEV_SLOT_WAITING;
           if (!chi_port::cas_relaxed_dev(state, &expect, g8 | CHI_DEV_SLOT_SUBMITTED))
             chi_port::st_relaxed_dev(state, g8 | CHI_DEV_SLOT_DONE);
-          return CHI_ERR_TIMEOUT;
         }
-        wait_pause(waited, spin_ns);
+        return CHI_ERR_TIMEOUT;
       }
-    } else {
-      /* Not claimed: done already (claim it below), not done (a poll), or
-       * not this future's (another generation, another waiter, consumed). */
-      if ((s >> 8) != gen) return CHI_ERR_INVALID;
-      if ((s & 0xFFu) == CHI_DEV_SLOT_SUBMITTED && timeout_ns == 0) return CHI_ERR_TIMEOUT;
-      if ((s & 0xFFu) != CHI_DEV_SLOT_DONE) return CHI_ERR_INVALID;
+      wait_pause(waited, spin_ns);
+      /* Past the spin, polls read the header words alone. */
+      got = local_poll(l, slot, gen, waited < spin_ns ? want : 0u, &r);
     }
-    return local_take(l, slot, gen, held, output, output_capacity, output_size);
+    return local_take(l, slot, gen, held, s, &r, output, output_capacity, output_size);
   }
 
   /* GPU->CPU: the reply is in host memory.  A wait with a timeout claims the
@@ -354,11 +357,14 @@ CHI_DEVICE chi_status_t chi_dev_test(const chi_dev_context_t *ctx, chi_future_t 
   uint32_t kind, gen, slot;
   if (!done || !open_future(ctx, future, &l, &kind, &gen, &slot)) return CHI_ERR_INVALID;
   if (kind == kKindLocal) {
-    /* WAITING: another thread waits on it (CHI_ERR_INVALID, as for GPU->CPU). */
-    uint32_t s = chi_port::ld_acquire_dev(l->d2d_state + slot);
+    /* WAITING: another thread waits on it (CHI_ERR_INVALID, as for GPU->CPU).
+     * Done: the reply words are there (the DONE bit comes after them). */
+    const uint32_t s = chi_port::ld_relaxed_dev(l->d2d_state + slot);
+    d2d_reply r = {};
+    const bool got = local_poll(l, slot, gen, 0u, &r);
     if ((s >> 8) != gen || ((s & 0xFFu) != CHI_DEV_SLOT_SUBMITTED && (s & 0xFFu) != CHI_DEV_SLOT_DONE))
       return CHI_ERR_INVALID;
-    *done = (s & 0xFFu) == CHI_DEV_SLOT_DONE;
+    *done = got || (s & 0xFFu) == CHI_DEV_SLOT_DONE;
     return CHI_OK;
   }
   uint32_t s = chi_port::ld_acquire_dev(l->d2h_state + slot);
@@ -453,7 +459,7 @@ CHI_DEVICE chi_status_t chi_dev_mem_resolve(const chi_dev_context_t *ctx, const 
 
 /* Warp-collective variants: every lane of the warp calls, converged (all 32
  * lanes on CUDA, the whole wavefront on HIP).  Each lane brings its own task,
- * or none (active == 0); the ticket counter of each route is bumped once per
+ * or none (active == 0); the GPU->CPU ticket counter is bumped once per
  * warp instead of once per task.  Results as the per-thread calls. */
 
 namespace chi_dev_detail {
@@ -469,34 +475,33 @@ CHI_DEVICE chi_status_t warp_submit(const chi_dev_context_t *ctx, chi_route_t ro
     s = future ? check_submit(ctx, route, method, input, input_size, &kind) : CHI_ERR_INVALID;
     if (s == CHI_OK) {
       const chi_dev_layout *l = layout(ctx);
-      s = kind == kKindLocal ? local_prepare(l, method, input, input_size, &slot, &gen, wait)
-                             : cpu_prepare(l, input, input_size, &slot, &gen, wait);
+      if (kind == kKindLocal) {
+        /* GPU->GPU needs no ticket: each lane publishes its slot and rings its bell. */
+        s = local_prepare(l, &slot, &gen, wait);
+        if (s == CHI_OK) {
+          local_publish(l, slot, gen, method, input, input_size);
+          gate_leave(l);
+          *future = make_future(kind, gen, slot);
+        }
+      } else {
+        s = cpu_prepare(l, input, input_size, &slot, &gen, wait);
+      }
     }
   }
   /* Lanes that waited for a slot meet the others again here. */
   chi_port::syncwarp();
-  const bool ready = active && s == CHI_OK;
-  for (uint32_t k = kKindLocal; k <= kKindCpu; ++k) {
-    const chi_port::lanemask_t group = chi_port::ballot(ready && kind == k);
-    if (!group) continue;
+  const bool ready = active && s == CHI_OK && kind == kKindCpu;
+  const chi_port::lanemask_t group = chi_port::ballot(ready);
+  if (group) {
     const int leader = chi_port::ffs_mask(group) - 1;
     uint64_t base = 0;
-    if (static_cast<int>(lane) == leader) {
-      const chi_dev_layout *l = layout(ctx);
-      base = chi_port::fetch_add_dev(k == kKindLocal ? l->d2d_tail : l->d2h_tail,
-                                     static_cast<uint64_t>(chi_port::popc(group)));
-    }
+    if (static_cast<int>(lane) == leader)
+      base = chi_port::fetch_add_dev(layout(ctx)->d2h_tail, static_cast<uint64_t>(chi_port::popc(group)));
     base = chi_port::shfl(base, leader);
-    if (ready && kind == k) {
-      const chi_dev_layout *l = layout(ctx);
+    if (ready) {
       const uint64_t t = base + chi_port::popc(group & chi_port::lanes_below(lane));
-      if (k == kKindLocal) {
-        if (!queue_push_at(l, t, slot)) s = CHI_ERR_INTERNAL;
-        gate_leave(l);
-      } else {
-        cpu_publish(l, t, method, input, input_size, ring_slot_word(l, slot, route), gen);
-      }
-      if (s == CHI_OK) *future = make_future(k, gen, slot);
+      cpu_publish(layout(ctx), t, method, input, input_size, ring_slot_word(layout(ctx), slot, route), gen);
+      *future = make_future(kind, gen, slot);
     }
   }
   chi_port::syncwarp();

@@ -26,14 +26,18 @@ SUMMARY=$OUT/summary.txt
 note() { echo "$*" | tee -a "$SUMMARY"; }
 trees=build-abtrees
 [ -f "$trees/base.tar.gz" ] || { note "no $trees/base.tar.gz: run 'scripts/gpu-route-ab.sh prepare REF' here first"; exit 1; }
-[ -f scripts/gpu-deps.sh ] && [ -d .devdeps ] && . scripts/gpu-deps.sh >/dev/null 2>&1
+sysroot=${PKG_CONFIG_SYSROOT_DIR:-}
+# On the GPU machine the Debian libraries are unpacked under /opt/deps and their
+# .pc files name /usr: pkg-config must prefix them.
+if ! pkg-config --exists libzmq 2>/dev/null && [ -f scripts/gpu-deps.sh ] && [ -d .devdeps ]; then . scripts/gpu-deps.sh >/dev/null 2>&1; sysroot=/opt/deps; fi
 JOBS=${JOBS:-16}
 cfg() { # SRC BUILD
   local cuda=OFF
+  rm -rf "$2"   # a cache from another configuration keeps its pkg-config answers
   command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] && cuda=ON
-  PKG_CONFIG_SYSROOT_DIR=${PKG_CONFIG_SYSROOT_DIR:-} cmake -S "$1" -B "$2" -G Ninja -DCHI_ENABLE_CUDA=$cuda \
-    -DCHI_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_STANDARD=17 -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
-    cmake --build "$2" -j "$JOBS" --target chimaera-bench >/dev/null
+  PKG_CONFIG_SYSROOT_DIR=$sysroot cmake -S "$1" -B "$2" -G Ninja -DCHI_ENABLE_CUDA=$cuda \
+    -DCHI_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_STANDARD=17 -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$OUT/raw/build-$(basename "$2").log" 2>&1 &&
+    cmake --build "$2" -j "$JOBS" --target chimaera-bench >>"$OUT/raw/build-$(basename "$2").log" 2>&1
 }
 note "== gpu-cpu-ab on $(hostname), $(date -u +%FT%TZ), $(nproc) CPUs"
 note "base: $(cut -c1-100 "$trees/base.txt" 2>/dev/null)"

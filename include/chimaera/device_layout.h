@@ -16,7 +16,7 @@
 
 #include "chimaera.h"
 
-#define CHI_DEV_ABI_VERSION 8u
+#define CHI_DEV_ABI_VERSION 9u
 #define CHI_DEV_CTX_MAGIC 0x43484944u /* "CHID" */
 
 /* An LL record: 32 eight-byte words, each {uint32 data, uint32 flag}.  Words
@@ -33,24 +33,36 @@
 #define CHI_DEV_LL_INLINE 112u
 #define CHI_DEV_REPLY_LL_OUTPUT 8u
 
-/* GPU->GPU slot: this header, then the input at +CHI_DEV_SLOT_HEADER, the output at
- * +CHI_DEV_SLOT_HEADER + payload_stride. */
-#define CHI_DEV_SLOT_HEADER 64u
-typedef struct chi_dev_slot_header {
-  uint32_t method;
-  uint32_t input_size;
-  int32_t status;
-  uint32_t output_size;
-} chi_dev_slot_header_t;
+/* GPU->GPU slot (since ABI 9, docs/gpu.md "GPU->GPU: bells and LL slots"):
+ * CHI_DEV_SLOT_HEADER bytes of header, then the plain input at
+ * +CHI_DEV_SLOT_HEADER and the plain output at +CHI_DEV_SLOT_HEADER +
+ * payload_stride.  The header holds LL words (eight bytes each, {uint32 data,
+ * uint32 flag}, the flag the task's generation): word 0 {method} and word 1
+ * {input size}, the request, written by the submitter; words 2 {status} and
+ * 3 {output size}, the reply, written by the orchestrator; an input of up to
+ * CHI_DEV_D2D_LL_BYTES at byte CHI_DEV_D2D_IN_LL and an output of up to that
+ * at CHI_DEV_D2D_OUT_LL, 4 bytes per word.  A reader that sees every flag
+ * has it all, with no fence on either side.  A larger input or output is
+ * plain bytes, written before a release fence and the request or reply
+ * words.  The LL words have their own place: plain bytes of an earlier task
+ * could carry any flag. */
+#define CHI_DEV_SLOT_HEADER 320u
+#define CHI_DEV_D2D_LL_BYTES 64u
+#define CHI_DEV_D2D_REQ_WORD 0u
+#define CHI_DEV_D2D_REPLY_WORD 2u
+#define CHI_DEV_D2D_IN_LL 64u
+#define CHI_DEV_D2D_OUT_LL 192u
 
 /* Slot state word: (generation << 8) | state. */
 #define CHI_DEV_SLOT_FREE 0u
 #define CHI_DEV_SLOT_SUBMITTED 1u
 #define CHI_DEV_SLOT_CLAIMED 3u
 /* GPU->GPU, since ABI 8: the orchestrator marks a task that ran by setting
- * this bit (one fetch_or, whoever holds the future), so DONE is SUBMITTED
- * with the bit; a waiter that claimed the future before it ran (WAITING)
- * sees WAITING with the bit and already holds the result. */
+ * this bit, whoever holds the future, so DONE is SUBMITTED with the bit; a
+ * waiter that claimed the future before it ran (WAITING) may see WAITING
+ * with the bit.  Since ABI 9 the bit comes after the reply words (a CAS
+ * that checks the generation): a waiter takes the result from the reply
+ * words, and the bit tells chi_dev_release who frees the slot. */
 #define CHI_DEV_SLOT_DONE_BIT 0x80u
 #define CHI_DEV_SLOT_DONE (CHI_DEV_SLOT_SUBMITTED | CHI_DEV_SLOT_DONE_BIT)
 #define CHI_DEV_SLOT_WAITING 5u
@@ -100,9 +112,8 @@ typedef struct chi_dev_ctx_layout {
   uint8_t *d2d_slots; /* slots x (CHI_DEV_SLOT_HEADER + 2 x payload_stride) */
   uint32_t *d2d_state;
   uint32_t *d2d_bitmap;
-  uint64_t *d2d_cells; /* run queue: slots cells of (sequence << 32 | slot) */
-  uint64_t *d2d_head;
-  uint64_t *d2d_tail;
+  uint32_t *d2d_bell;  /* slots / 32 words: a submit flips its slot's bit */
+  uint32_t *d2d_seen;  /* slots / 32 words: the orchestrator's copy of the bells it served */
   /* GPU->CPU: ring, replies and large payloads in pinned host memory;
    * slot states, bitmap and ticket counter in device memory. */
   uint64_t *d2h_ring; /* d2h_ring_entries LL records */
@@ -122,7 +133,7 @@ typedef struct chi_dev_ctx_layout {
   uint64_t *diag;            /* pinned, CHI_DEV_DIAG_WORDS: the orchestrator's and the lease
                               * thread's state, for watchdogs and tests (CHI_DIAG_*) */
   uint64_t *gate;            /* GPU->GPU gate (device): bit 63 set while the orchestrator has
-                              * stepped aside, low bits the submitters between ticket and push */
+                              * stepped aside, low bits the submitters between slot and bell */
   uint32_t lease_us;         /* gpu.lease_us */
   int32_t ngpus;             /* GPUs the runtime drives (CHI_ROUTE_GPU(n >= ngpus): CHI_ERR_NO_DEVICE) */
 } chi_dev_ctx_layout_t;
@@ -155,6 +166,9 @@ typedef struct chi_dev_orch_state {
                                * ends its launch once d2h_tail reaches it), [3] the
                                * lease of the launch queued last, in ns (lease_ns, or
                                * gpu.idle_lease_us while the routes are idle) */
+  uint64_t *warp_done;   /* device, since ABI 9: per warp, 1 + the index of the last
+                          * launch it finished (a keeper that steps aside waits for the
+                          * other GPU->GPU workers before it serves every bell) */
 } chi_dev_orch_state_t;
 
 /* Largest orchestrator block, in warps: the orchestrator kernels are

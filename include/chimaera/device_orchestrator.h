@@ -147,99 +147,177 @@ CHI_DEVICE_NOINLINE chi_status_t run_handler(const chi_dev_orch_state_t *st, chi
   return s;
 }
 
-/* One thread: writes a GPU->GPU task's status and output size to its slot
- * header and sets the state word's DONE bit (one fetch_or, releasing what
- * the warp wrote; `w`: the state word read when the task was taken, for its
- * generation).  A waiter may hold the future (WAITING) or not (SUBMITTED):
- * the bit tells either that the result is there.  A future released
- * meanwhile (chi_dev_release) has nobody to take the result: the slot is
- * freed here. */
-CHI_DEVICE void finish_device_task(const chi_dev_layout *l, uint32_t slot, uint32_t w, chi_dev_slot_header_t *h,
-                                   chi_status_t status, uint32_t output_size) {
-  h->status = status;
-  h->output_size = output_size;
-  const uint32_t old = chi_port::fetch_or_acq_rel_dev(l->d2d_state + slot, CHI_DEV_SLOT_DONE_BIT);
-  if (old == ((w & ~0xFFu) | CHI_DEV_SLOT_RELEASED)) {
-    chi_port::st_relaxed_dev(l->d2d_state + slot, (w & ~0xFFu) | CHI_DEV_SLOT_CLAIMED);
-    bitmap_free(l->d2d_bitmap, slot);
+/* GPU->GPU (docs/gpu.md, "GPU->GPU: bells and LL slots").  One thread,
+ * after the reply words of the task of generation `gen` in `slot` are
+ * written: sets the state word's DONE bit with a CAS that checks the
+ * generation, so a slot whose waiter already took the reply (and freed it,
+ * maybe for the next task) is left alone.  A future released meanwhile
+ * (chi_dev_release) has nobody to take the result: the slot is freed here.
+ * A state word one generation behind is the submitter's store of SUBMITTED
+ * not seen yet: it is read again. */
+CHI_DEVICE void finish_local(const chi_dev_layout *l, uint32_t slot, uint32_t gen) {
+  uint32_t *state = l->d2d_state + slot;
+  const uint32_t g8 = gen << 8;
+  uint32_t cur = g8 | CHI_DEV_SLOT_SUBMITTED;
+  for (uint32_t spins = 0;; ++spins) {
+    if ((cur >> 8) != gen) {
+      if (next_gen(cur >> 8) != gen || spins > 100000u) return; /* reused since */
+      chi_port::nanosleep(64);
+      cur = chi_port::ld_relaxed_dev(state);
+      continue;
+    }
+    const uint32_t k = cur & 0xFFu;
+    if ((k & CHI_DEV_SLOT_DONE_BIT) || k == CHI_DEV_SLOT_CLAIMED) return;
+    if (k == CHI_DEV_SLOT_RELEASED) {
+      if (chi_port::cas_relaxed_dev(state, &cur, g8 | CHI_DEV_SLOT_CLAIMED)) {
+        bitmap_free(l->d2d_bitmap, slot); /* a release: the reply words before it */
+        return;
+      }
+      continue;
+    }
+    if (chi_port::cas_relaxed_dev(state, &cur, cur | CHI_DEV_SLOT_DONE_BIT)) return;
   }
 }
 
-/* Runs the task in the GPU->GPU slot at `base` (warp-collective): the
- * request over the slot's input and output areas, CHI_ERR_PROTOCOL for an
- * input size over the maximum.  *output_size: the handler's (0 if it did
- * not run). */
+/* How long a worker waits for a request's input words once its request
+ * words are there (they were stored before, so this is the memory system's
+ * reordering; past it the task gets CHI_ERR_PROTOCOL instead of a hung
+ * orchestrator). */
+constexpr uint64_t kInputWaitNs = 100000000ull;
+
+/* Runs the GPU->GPU task of generation gen in `slot` (warp-collective):
+ * the input from its LL words into `in` (lane j brings word j as the scan
+ * read it, `mine`, and reads it again if it did not carry gen yet), or past
+ * 64 bytes in place after an acquire; the handler with its output in `out`;
+ * then the reply: the output as LL words (or plain bytes and a release
+ * fence), and the reply words, whose flags tell the waiter it is all there. */
 template <class D>
-CHI_DEVICE chi_status_t run_slot_task(const chi_dev_orch_state_t *st, uint8_t *base, uint32_t method,
-                                      uint32_t input_size, uint32_t lane, uint32_t *output_size) {
+CHI_DEVICE_NOINLINE void run_local_task(const chi_dev_orch_state_t *st, uint32_t slot, uint32_t gen,
+                                        uint32_t method, uint32_t input_size, uint64_t mine, uint32_t lane,
+                                        uint8_t *in, uint8_t *out) {
   const chi_dev_layout *l = layout(&st->ctx);
   chi_dev_request_t r;
   r.method = method;
   r.source = l->gpu;
-  r.input = base + CHI_DEV_SLOT_HEADER;
+  r.input = in;
   r.input_size = input_size;
-  r.output = base + CHI_DEV_SLOT_HEADER + l->payload_stride;
+  r.output = out;
   r.output_capacity = l->max_payload;
   r.output_size = 0;
   r.ctx = &st->ctx;
-  const chi_status_t s = input_size > l->max_payload ? CHI_ERR_PROTOCOL : run_handler<D>(st, &r, lane);
-  *output_size = r.output_size;
-  return s;
-}
-
-/* One GPU->GPU task (warp-collective): a lone task, without the batch's
- * bookkeeping (about 0.2 us less on an H100, gpu_breakdown).  `t` as lane 0
- * popped it (state word and header read beside the pop's claim). */
-template <class D>
-CHI_DEVICE_NOINLINE void run_device_task(const chi_dev_orch_state_t *st, popped_task t, uint32_t lane) {
-  const chi_dev_layout *l = layout(&st->ctx);
-  const uint32_t slot = chi_port::shfl(t.slot, 0);
-  uint8_t *base = d2d_slot(l, slot);
-  uint32_t osize;
-  const chi_status_t s = run_slot_task<D>(st, base, chi_port::shfl(t.method, 0), chi_port::shfl(t.input_size, 0),
-                                          lane, &osize);
-  if (lane == 0)
-    finish_device_task(l, slot, t.state, reinterpret_cast<chi_dev_slot_header_t *>(base), s, osize);
-  chi_port::syncwarp();
-}
-
-/* Runs the n (<= warp size) GPU->GPU tasks a worker popped at once
- * (warp-collective; lane k < n holds task k in `mine`, its state word and
- * header read by the pop).  The handlers run one after another, and the
- * results are published together: each lane k writes task k's header and
- * sets its DONE bit (a release fetch_or), all in flight at once, instead of
- * a store and an atomic round trip per task.  A waiter therefore sees its task done once the whole
- * batch ran (at most kPopBatch tasks). */
-template <class D>
-CHI_DEVICE_NOINLINE void run_device_batch(const chi_dev_orch_state_t *st, popped_task mine, uint32_t n,
-                                          uint32_t lane) {
-  if (n == 1u) {
-    run_device_task<D>(st, mine, lane);
-    return;
-  }
-  const chi_dev_layout *l = layout(&st->ctx);
-  const bool has = lane < n;
-  chi_status_t my_status = CHI_OK;
-  uint32_t my_osize = 0;
-  for (uint32_t k = 0; k < n; ++k) {
-    const int src = static_cast<int>(k);
-    uint32_t osize;
-    const chi_status_t s = run_slot_task<D>(st, d2d_slot(l, chi_port::shfl(mine.slot, src)),
-                                            chi_port::shfl(mine.method, src), chi_port::shfl(mine.input_size, src),
-                                            lane, &osize);
-    if (lane == k) {
-      my_status = s;
-      my_osize = osize;
+  chi_status_t s = CHI_OK;
+  if (input_size > l->max_payload) {
+    s = CHI_ERR_PROTOCOL;
+  } else if (input_size <= CHI_DEV_D2D_LL_BYTES) {
+    bool late = false;
+    if (lane < round_words(input_size)) {
+      const uint64_t *iw = d2d_in_ll(l, slot) + lane;
+      const uint64_t t0 = ll_flag(mine) == gen ? 0u : chi_port::timer_ns();
+      while (ll_flag(mine) != gen) {
+        if (chi_port::timer_ns() - t0 > kInputWaitNs) {
+          late = true;
+          break;
+        }
+        mine = chi_port::ll_load8_dev(iw);
+      }
+      reinterpret_cast<uint32_t *>(in)[lane] = ll_data(mine);
     }
+    if (chi_port::ballot(late)) s = CHI_ERR_PROTOCOL;
+  } else {
+    chi_port::fence_acquire_dev(); /* the bytes came before the request words */
+    r.input = d2d_in(l, slot);
   }
-  /* Every lane's output stores are ordered before each lane's release
-   * fetch_or by this warp barrier (as with one task: the fetch_or publishes
-   * what the warp wrote). */
   chi_port::syncwarp();
-  if (has)
-    finish_device_task(l, mine.slot, mine.state,
-                       reinterpret_cast<chi_dev_slot_header_t *>(d2d_slot(l, mine.slot)), my_status, my_osize);
+  if (s == CHI_OK) s = run_handler<D>(st, &r, lane);
+  const uint32_t osize = s == CHI_ERR_PROTOCOL ? 0u : r.output_size;
+  if (osize <= CHI_DEV_D2D_LL_BYTES) {
+    if (lane < round_words(osize))
+      chi_port::ll_store8_dev(d2d_out_ll(l, slot) + lane, ll_pack(reinterpret_cast<const uint32_t *>(out)[lane], gen));
+  } else {
+    uint8_t *dst = d2d_out(l, slot);
+    for (uint32_t i = 16u * lane; i < osize; i += 16u * CHI_WARP_SIZE)
+      *reinterpret_cast<uint4 *>(dst + i) = *reinterpret_cast<const uint4 *>(out + i);
+    chi_port::fence_release_dev(); /* the bytes before the reply words */
+  }
   chi_port::syncwarp();
+  if (lane == 0)
+    chi_port::ll_store16_dev(d2d_words(l, slot) + CHI_DEV_D2D_REPLY_WORD, ll_pack(static_cast<uint32_t>(s), gen),
+                         ll_pack(osize, gen));
+  chi_port::syncwarp();
+}
+
+/* Serves the GPU->GPU bells of words first, first + stride, ... (warp-
+ * collective; lane i looks at every 32nd of them from word first + i x
+ * stride): a bit that differs from the served copy (d2d_seen) is a new
+ * request.  Each lane takes one such slot at a time and reads its request
+ * words, its reply words and its input's LL words, all lanes' loads in one
+ * round trip; a request is there once both its words carry one generation
+ * that is not the reply's (the slot's last task).  The warp runs those
+ * tasks one after another, then marks them DONE (finish_local, one CAS per
+ * lane, in flight at once) and updates its copy.  A bit whose request is
+ * not there yet stays for the next call.  Relaxed loads throughout: the LL
+ * flags tell what is there, and an input in plain bytes is read after an
+ * acquire fence.  Returns the tasks run; *left: bits left so (may be NULL). */
+template <class D>
+CHI_DEVICE_NOINLINE uint32_t serve_bells(const chi_dev_orch_state_t *st, uint32_t first, uint32_t stride,
+                                         uint32_t lane, uint8_t *in, uint8_t *out, uint32_t *left) {
+  const chi_dev_layout *l = layout(&st->ctx);
+  const uint32_t nwords = l->slots >> 5;
+  uint32_t ran = 0, waiting = 0;
+  for (uint32_t w0 = first; w0 < nwords; w0 += stride * CHI_WARP_SIZE) {
+    const uint32_t w = w0 + lane * stride;
+    uint32_t seen = 0, todo = 0;
+    if (w < nwords) {
+      seen = chi_port::ld_relaxed_dev(l->d2d_seen + w);
+      todo = chi_port::ld_relaxed_dev(l->d2d_bell + w) ^ seen;
+    }
+    if (!chi_port::ballot(todo != 0u)) continue;
+    const uint32_t seen0 = seen;
+    for (;;) {
+      const bool has = todo != 0u;
+      if (!chi_port::ballot(has)) break;
+      const uint32_t bit = has ? static_cast<uint32_t>(chi_port::ffs32(todo) - 1) : 0u;
+      todo &= has ? todo - 1u : 0u; /* looked at in this round */
+      const uint32_t slot = w * 32u + bit;
+      uint64_t q0 = 0, q1 = 0, p0 = 0, p1 = 0, x[kD2dLlWords];
+#pragma unroll
+      for (uint32_t j = 0; j < kD2dLlWords; ++j) x[j] = 0;
+      if (has) {
+        const uint64_t *hw = d2d_words(l, slot);
+        const uint64_t *iw = d2d_in_ll(l, slot);
+        chi_port::ll_load16_dev(hw + CHI_DEV_D2D_REQ_WORD, &q0, &q1);
+        chi_port::ll_load16_dev(hw + CHI_DEV_D2D_REPLY_WORD, &p0, &p1);
+#pragma unroll
+        for (uint32_t j = 0; j < kD2dLlWords; j += 2u) chi_port::ll_load16_dev(iw + j, &x[j], &x[j + 1u]);
+      }
+      const uint32_t gen = ll_flag(q0);
+      const bool ready = has && gen != 0u && ll_flag(q1) == gen && ll_flag(p0) != gen && ll_flag(p1) != gen;
+      if (has && !ready) ++waiting;
+      const chi_port::lanemask_t go = chi_port::ballot(ready);
+      for (chi_port::lanemask_t m = go; m; m &= m - 1u) {
+        const int k = chi_port::ffs_mask(m) - 1;
+        /* Lane j takes word j of lane k's input. */
+        uint64_t mine = 0;
+#pragma unroll
+        for (uint32_t j = 0; j < kD2dLlWords; ++j) {
+          const uint64_t v = chi_port::shfl(x[j], k);
+          if (lane == j) mine = v;
+        }
+        run_local_task<D>(st, chi_port::shfl(slot, k), chi_port::shfl(gen, k), chi_port::shfl(ll_data(q0), k),
+                          chi_port::shfl(ll_data(q1), k), mine, lane, in, out);
+      }
+      if (ready) {
+        finish_local(l, slot, gen);
+        seen ^= 1u << bit;
+      }
+      ran += chi_port::popc(go);
+    }
+    if (seen != seen0) chi_port::st_relaxed_dev(l->d2d_seen + w, seen);
+  }
+  for (int d = 1; d < CHI_WARP_SIZE; d <<= 1)
+    waiting += chi_port::shfl(waiting, static_cast<int>(lane ^ static_cast<uint32_t>(d)));
+  if (left) *left = waiting;
+  return ran;
 }
 
 /* Frees the GPU->CPU slots whose futures were released before their reply
@@ -370,46 +448,53 @@ CHI_DEVICE_NOINLINE uint64_t route_signature(const chi_dev_layout *l, uint32_t l
   for (uint32_t i = lane; i < nw; i += CHI_WARP_SIZE) {
     const uint32_t a = chi_port::ld_relaxed_dev(l->d2d_bitmap + i);
     const uint32_t b = chi_port::ld_relaxed_dev(l->d2h_bitmap + i);
+    const uint32_t c = chi_port::ld_relaxed_dev(l->d2d_bell + i);
     any |= a | b;
     h += (static_cast<uint64_t>(a) * 0x9E3779B97F4A7C15ull) ^
-         ((static_cast<uint64_t>(b) + i) * 0xBF58476D1CE4E5B9ull) ^ i;
+         ((static_cast<uint64_t>(b) + i) * 0xBF58476D1CE4E5B9ull) ^ (static_cast<uint64_t>(c) << 32) ^ i;
   }
   for (int d = 1; d < CHI_WARP_SIZE; d <<= 1) {
     h += chi_port::shfl(h, static_cast<int>(lane ^ static_cast<uint32_t>(d)));
     any |= chi_port::shfl(any, static_cast<int>(lane ^ static_cast<uint32_t>(d)));
   }
   *in_use = any != 0;
-  uint64_t tails = lane == 0 ? chi_port::ld_relaxed_dev(l->d2d_tail) * 0x100000001B3ull +
-                                   chi_port::ld_relaxed_dev(l->d2h_tail)
-                             : 0u;
-  return h ^ chi_port::shfl(tails, 0);
+  const uint64_t tail = lane == 0 ? chi_port::ld_relaxed_dev(l->d2h_tail) : 0u;
+  return h ^ chi_port::shfl(tail, 0);
 }
-/* Tasks a worker takes at once: one pop round trip for several tasks, few
- * enough that a burst still spreads over the workers. */
-constexpr uint32_t kPopBatch = 8;
+
+/* The GPU->GPU workers: every warp that does not poll the CPU->GPU ring (the
+ * one warp of a one-warp orchestrator does both).  Worker i serves bell
+ * words i, i + workers, ... */
+CHI_DEVICE uint32_t d2d_workers(const chi_dev_orch_state_t *st) {
+  return st->nwarps > st->h2d_pollers ? st->nwarps - st->h2d_pollers : 1u;
+}
+CHI_DEVICE uint32_t d2d_first_worker(const chi_dev_orch_state_t *st) {
+  return st->nwarps > st->h2d_pollers ? st->h2d_pollers : 0u;
+}
 
 /* Stepping aside (the keeper, warp-collective): closes the GPU->GPU gate,
- * waits for the submitters already inside it to finish their pushes, then
- * runs every queued task.  After it no task is queued and none can be until
- * the next launch opens the gate. */
+ * waits for the submitters already inside it to ring their bells and for
+ * the other workers to end this launch (warp_done), then serves every
+ * bell.  After it no task waits and none can be submitted until the next
+ * launch opens the gate. */
 template <class D>
-CHI_DEVICE_NOINLINE void close_and_drain(const chi_dev_orch_state_t *st, uint32_t lane, uint64_t *qhead) {
+CHI_DEVICE_NOINLINE void close_and_drain(const chi_dev_orch_state_t *st, uint32_t lane, uint32_t gw,
+                                         uint64_t epoch, uint8_t *in, uint8_t *out) {
   const chi_dev_layout *l = layout(&st->ctx);
   if (lane == 0) {
     chi_port::fetch_or_acq_rel_dev(l->gate, kGateAway);
-    /* Submitters inside push and leave in a few hundred ns. */
+    /* Submitters inside ring their bells and leave in a few hundred ns. */
     while ((chi_port::ld_acquire_dev(l->gate) & ~kGateAway) != 0) chi_port::nanosleep(100);
   }
+  for (uint32_t w = d2d_first_worker(st) + lane; w < st->nwarps; w += CHI_WARP_SIZE)
+    if (w != gw)
+      while (chi_port::ld_acquire_dev(st->warp_done + w) <= epoch) chi_port::nanosleep(128);
   chi_port::syncwarp();
-  const uint64_t tail = chi_port::shfl(lane == 0 ? chi_port::ld_acquire_dev(l->d2d_tail) : 0u, 0);
   for (;;) {
-    const uint64_t head = chi_port::shfl(lane == 0 ? chi_port::ld_relaxed_dev(l->d2d_head) : 0u, 0);
-    if (head >= tail) break;
-    if (*qhead < head) *qhead = head;
-    popped_task mine = {};
-    const uint32_t n = queue_pop_warp(l, lane, kPopBatch, qhead, &mine);
-    chi_port::syncwarp();
-    run_device_batch<D>(st, mine, n, lane);
+    uint32_t left = 0;
+    const uint32_t ran = serve_bells<D>(st, 0u, 1u, lane, in, out, &left);
+    if (ran == 0u && left == 0u) break;
+    if (ran == 0u) chi_port::nanosleep(128);
   }
 }
 
@@ -431,16 +516,13 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
   uint64_t next = poller ? st->h2d_next[gw] : 0;
   uint32_t batch = 1;
   uint64_t idle_since = 0;
-  uint64_t qhead = 0; /* the worker's guess of the run queue's head */
-  if (worker) {
-    uint64_t h = lane == 0 ? chi_port::ld_relaxed_dev(l->d2d_head) : 0u;
-    qhead = chi_port::shfl(h, 0);
-  }
+  /* GPU->GPU: this worker's share of the bell words. */
+  const uint32_t bell_first = gw - d2d_first_worker(st), bell_stride = d2d_workers(st);
   /* The lease (docs/gpu.md, "Coexisting with other CUDA code").  The kernel
    * ends after lease_ns, so that device-wide synchronization by other code
    * (cudaFree, cudaDeviceSynchronize, module loading) waits about one lease.
    * All in-flight state is in device memory (the polling warps' next
-   * tickets, the run queue, the slots), so the next launch goes on from
+   * tickets, the GPU->GPU bells served, the slots), so the next launch goes on from
    * there.  The runtime's lease thread queues that launch on the same stream
    * shortly before the lease ends, so it starts as soon as this one ends.
    * The last warp, the keeper, decides when the launch ends, once past the
@@ -451,10 +533,10 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
    * stays while the device routes change or hold slots (kernels that use
    * them run, and a device-wide call waits for those anyway), then steps
    * aside (kKeeperQuietNs, kKeeperHoldNs): it closes the GPU->GPU gate (away bit), waits for the
-   * submitters inside it, runs every task queued, and ends.  Submitters
-   * that find the gate closed queue nothing (they wait a bounded time for
-   * the next launch, or answer CHI_ERR_AGAIN), so no task is ever left in
-   * the queue with no orchestrator to come: a kernel that waits for a
+   * submitters inside it and the other workers, runs every task whose bell
+   * rang, and ends.  Submitters that find the gate closed submit nothing
+   * (they wait a bounded time for the next launch, or answer
+   * CHI_ERR_AGAIN), so no task is ever left waiting with no orchestrator to come: a kernel that waits for a
    * GPU->GPU task cannot hold a device-wide call forever.  The next launch
    * opens the gate.  The keeper also ends a launch early, in the same way,
    * when it hears the pollers' bell (kBellIdleSampleNs).  The keeper's
@@ -513,13 +595,7 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
       ran = poll_host<D>(st, &next, batch, lane, in, out);
       batch = ran ? 4u : 1u;
     }
-    if (worker) {
-      popped_task mine = {};
-      const uint32_t n = queue_pop_warp(l, lane, kPopBatch, &qhead, &mine);
-      chi_port::syncwarp(); /* orders the lanes' acquires before the other lanes' reads */
-      if (n) run_device_batch<D>(st, mine, n, lane);
-      ran += n;
-    }
+    if (worker) ran += serve_bells<D>(st, bell_first, bell_stride, lane, in, out, nullptr);
     if (sweeper && chi_port::shfl(released, 1) != 0u) {
       const uint64_t t = lane == 0 ? chi_port::timer_ns() : 0u;
       const uint64_t now = chi_port::shfl(t, 0);
@@ -593,7 +669,7 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
       }
     }
     if (chi_port::shfl(stop | expired, 0)) {
-      if (step_aside && !stop) close_and_drain<D>(st, lane, &qhead);
+      if (step_aside && !stop) close_and_drain<D>(st, lane, gw, epoch, in, out);
       if (keeper && lane == 0 && l->diag) {
         chi_port::ll_store8(l->diag + CHI_DIAG_END_AT, chi_port::timer_ns());
         chi_port::ll_store8(l->diag + CHI_DIAG_END,
@@ -615,6 +691,9 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
     }
   }
   if (poller && lane == 0) st->h2d_next[gw] = next;
+  /* This warp is done with the launch (a keeper stepping aside waits for it;
+   * the release orders its served bells and replies before). */
+  if (lane == 0 && lease_ns) chi_port::st_release_dev(st->warp_done + gw, epoch + 1u);
 }
 
 }  // namespace chi_dev_detail

@@ -1,7 +1,7 @@
 /*
  * chimaera/device_protocol.h -- the protocol behind the device API: how a
- * thread takes a task slot, what a device future encodes, the GPU->GPU run
- * queue, the GPU->CPU ring and its LL records, and the reply reads.
+ * thread takes a task slot, what a device future encodes, the GPU->GPU
+ * slots and bells, the GPU->CPU ring and its LL records, and the reply reads.
  *
  * Included by chimaera_device.h; not meant for direct use.  Everything is in
  * namespace chi_dev_detail and runs on the device.  The layout it works on is
@@ -11,9 +11,10 @@
  *
  * A task's life on either route: a bit of the route's slot bitmap is taken
  * (bitmap_alloc), the slot's state word gets a new generation and SUBMITTED,
- * the task is queued (queue_push_at, or cpu_publish for the ring), the
- * orchestrator or a CPU poller answers, and the waiter claims the slot
- * (SUBMITTED or DONE -> CLAIMED) and frees its bit.
+ * the task is published (local_publish: the slot's LL words and a flip of
+ * its bell bit; cpu_publish: a ring entry), the orchestrator or a CPU
+ * poller answers, and the waiter claims the slot (WAITING, SUBMITTED or
+ * DONE -> CLAIMED) and frees its bit.
  */
 #ifndef CHIMAERA_DEVICE_PROTOCOL_H
 #define CHIMAERA_DEVICE_PROTOCOL_H
@@ -177,6 +178,11 @@ CHI_DEVICE int32_t slot_alloc(const chi_dev_ctx_layout_t *l, uint32_t *bm, uint6
 CHI_DEVICE void bitmap_free(uint32_t *bm, uint32_t slot) {
   chi_port::fetch_and_release_dev(bm + (slot >> 5), ~(1u << (slot & 31u)));
 }
+/* Without the release: for a thread whose only accesses to the slot that
+ * the next owner must see are loads it has already used the values of. */
+CHI_DEVICE void bitmap_free_relaxed(uint32_t *bm, uint32_t slot) {
+  chi_port::red_and_dev(bm + (slot >> 5), ~(1u << (slot & 31u)));
+}
 
 /* Byte copy by one thread, with plain (weak) loads.  Out of the runtime's
  * padded buffers (src_padded), and from 16-byte aligned user input past 64
@@ -268,102 +274,14 @@ CHI_DEVICE void store_word(uint8_t *p, uint32_t off, uint32_t n, uint32_t w) {
   for (uint32_t b = 0; b < 4u && off + b < n; ++b) p[off + b] = static_cast<uint8_t>(w >> (8u * b));
 }
 
-CHI_DEVICE uint8_t *d2d_slot(const chi_dev_layout *l, uint32_t slot) {
-  return l->d2d_slots + static_cast<uint64_t>(slot) * (CHI_DEV_SLOT_HEADER + 2u * l->payload_stride);
-}
-
-/* GPU->GPU run queue (Vyukov's bounded MPMC, one 64-bit word per cell).  It
- * has a cell per slot and a task holds its slot while queued, so a push
- * never finds its cell occupied for long; the wait is bounded anyway.  The
- * ticket t comes from d2d_tail (one fetch_add, maybe for a whole warp). */
-CHI_DEVICE bool queue_push_at(const chi_dev_layout *l, uint64_t t, uint32_t value) {
-  uint64_t *cell = l->d2d_cells + (t & (l->slots - 1u));
-  uint64_t t0 = 0;
-  while (static_cast<uint32_t>(chi_port::ld_acquire_dev(cell) >> 32) != static_cast<uint32_t>(t)) {
-    uint64_t now = chi_port::timer_ns();
-    if (t0 == 0) t0 = now;
-    else if (now - t0 > 1000000000ull) return false;
-    chi_port::nanosleep(64);
-  }
-  chi_port::st_release_dev(cell, (static_cast<uint64_t>(static_cast<uint32_t>(t + 1u)) << 32) | value);
-  return true;
-}
-/* A task as a worker pops it: its slot, the slot's state word (for the
- * generation) and the header's method and input size. */
-struct popped_task {
-  uint32_t slot;
-  uint32_t state;
-  uint32_t method;
-  uint32_t input_size;
-};
-
-/* Warp-collective pop of up to `most` (<= warp size) consecutive tasks in two
- * round trips: lane i reads the cell of ticket *head + i; then lane 0 claims
- * the ready prefix with one CAS while each lane of that prefix reads its
- * slot's state word and header, all in flight at once (read before the claim
- * is known: a lost race drops them).  *head is the warp's guess of the queue
- * head (the same in all lanes): polling an empty queue costs one read of the
- * cells, not a read of the head first; a guess found stale (the cell is a
- * lap ahead, or the CAS failed) is refreshed.  Returns the number taken
- * (0: empty or lost the race); lane i < count holds its task in *task. */
-CHI_DEVICE uint32_t queue_pop_warp(const chi_dev_layout *l, uint32_t lane, uint32_t most, uint64_t *head,
-                                   popped_task *task) {
-  const uint64_t mask = l->slots - 1u;
-  const uint64_t h = *head;
-  const uint64_t t = h + lane;
-  uint64_t *cell = l->d2d_cells + (t & mask);
-  const uint64_t c = lane < most ? chi_port::ld_acquire_dev(cell) : 0u;
-  const int32_t diff = static_cast<int32_t>(static_cast<uint32_t>(c >> 32) - static_cast<uint32_t>(t + 1u));
-  const bool ready = lane < most && diff == 0;
-  const chi_port::lanemask_t got = chi_port::ballot(ready);
-  /* Only the ready prefix: tickets are served in order. */
-  const uint32_t n = ~got == 0 ? CHI_WARP_SIZE : static_cast<uint32_t>(chi_port::ffs_mask(~got) - 1);
-  if (n == 0) {
-    /* Ticket h already popped (its cell is handed back or refilled): another warp moved the head. */
-    if (chi_port::shfl(diff, 0) > 0) {
-      uint64_t now = lane == 0 ? chi_port::ld_relaxed_dev(l->d2d_head) : 0u;
-      *head = chi_port::shfl(now, 0);
-    }
-    return 0;
-  }
-  /* The acquire loads ordered the slots' contents, so the state words and
-   * headers may be read beside the claim: a task stays in its slot until it
-   * is popped, so what a winner read is its task's.  The CAS only picks the
-   * winner (head only grows: no ABA), and the hand-back publishes nothing
-   * (the next pusher writes its own slot): no fences on this path. */
-  uint32_t state = 0;
-  uint4 hv = make_uint4(0u, 0u, 0u, 0u);
-  if (lane < n) {
-    const uint32_t s = static_cast<uint32_t>(c);
-    state = chi_port::ld_relaxed_dev(l->d2d_state + s);
-    hv = *reinterpret_cast<const uint4 *>(d2d_slot(l, s));
-  }
-  uint64_t now = h;
-  uint32_t won = 0;
-  if (lane == 0) {
-    won = chi_port::cas_relaxed_dev(l->d2d_head, &now, h + n) ? 1u : 0u;
-    if (won) now = h + n;
-  }
-  *head = chi_port::shfl(now, 0); /* on a lost race, the current head */
-  if (!chi_port::shfl(won, 0)) return 0;
-  if (lane < n) {
-    chi_port::st_relaxed_dev(cell, static_cast<uint64_t>(static_cast<uint32_t>(t + mask + 1u)) << 32);
-    task->slot = static_cast<uint32_t>(c);
-    task->state = state;
-    task->method = hv.x; /* chi_dev_slot_header_t: method, input_size, ... */
-    task->input_size = hv.y;
-  }
-  return n;
-}
-
 CHI_DEVICE uint64_t round_words(uint32_t bytes) { return (bytes + 3u) / 4u; }
 
 /* The GPU->GPU gate (docs/gpu.md, "Coexisting with other CUDA code"):
- * every submitter holds it from its run-queue ticket to its push; an
- * orchestrator that steps aside sets kGateAway, waits for those inside, runs
- * what is queued and ends.  One word, so the submitter's add and the
- * orchestrator's or are ordered: either the submitter sees the bit, or the
- * orchestrator sees the submitter and waits for its push. */
+ * every submitter holds it from its slot to its bell; an orchestrator that
+ * steps aside sets kGateAway, waits for those inside, serves every bell and
+ * ends.  One word, so the submitter's add and the orchestrator's or are
+ * ordered: either the submitter sees the bit, or the orchestrator sees the
+ * submitter and waits for its bell. */
 constexpr uint64_t kGateAway = 1ull << 63;
 CHI_DEVICE bool gate_enter(const chi_dev_layout *l) {
   if (!(chi_port::fetch_add_dev(l->gate, static_cast<uint64_t>(1)) & kGateAway)) return true;
@@ -371,7 +289,7 @@ CHI_DEVICE bool gate_enter(const chi_dev_layout *l) {
   return false;
 }
 CHI_DEVICE void gate_leave(const chi_dev_layout *l) {
-  chi_port::fetch_add_release_dev(l->gate, ~static_cast<uint64_t>(0)); /* the push before it */
+  chi_port::fetch_add_release_dev(l->gate, ~static_cast<uint64_t>(0)); /* the task and its bell before it */
 }
 /* A submitter that found the gate closed: waits for the next launch to open
  * it, at most two leases (the device-wide call that made the orchestrator
@@ -390,17 +308,76 @@ CHI_DEVICE bool gate_wait(const chi_dev_layout *l, bool wait) {
   return true;
 }
 
-/* GPU->GPU, step 1, called outside the gate: a slot with the task written in
- * it (not queued yet).  CHI_OK: the caller is inside the gate and pushes,
- * then calls gate_leave.  Any other status: outside, nothing taken
- * (CHI_ERR_AGAIN: no slot in time, or the orchestrator stepped aside and did
- * not come back in time).  A submit that waits for a slot waits outside the
- * gate, so that an orchestrator stepping aside never waits for it.  ticket:
- * if not NULL, also takes the run-queue ticket, in the same memory round trip
- * as the slot's state word (both depend only on the slot). */
-CHI_DEVICE chi_status_t local_prepare(const chi_dev_layout *l, chi_method_t method, const void *input,
-                                      uint32_t input_size, uint32_t *slot, uint32_t *gen, bool wait,
-                                      uint64_t *ticket = nullptr) {
+/* GPU->GPU slots (docs/gpu.md, "GPU->GPU: bells and LL slots";
+ * device_layout.h): the header's LL words, the plain input at
+ * +CHI_DEV_SLOT_HEADER, the plain output one payload_stride further. */
+CHI_DEVICE uint8_t *d2d_slot(const chi_dev_layout *l, uint32_t slot) {
+  return l->d2d_slots + static_cast<uint64_t>(slot) * (CHI_DEV_SLOT_HEADER + 2u * l->payload_stride);
+}
+CHI_DEVICE uint64_t *d2d_words(const chi_dev_layout *l, uint32_t slot) {
+  return reinterpret_cast<uint64_t *>(d2d_slot(l, slot));
+}
+CHI_DEVICE uint64_t *d2d_in_ll(const chi_dev_layout *l, uint32_t slot) {
+  return reinterpret_cast<uint64_t *>(d2d_slot(l, slot) + CHI_DEV_D2D_IN_LL);
+}
+CHI_DEVICE uint64_t *d2d_out_ll(const chi_dev_layout *l, uint32_t slot) {
+  return reinterpret_cast<uint64_t *>(d2d_slot(l, slot) + CHI_DEV_D2D_OUT_LL);
+}
+CHI_DEVICE uint8_t *d2d_in(const chi_dev_layout *l, uint32_t slot) {
+  return d2d_slot(l, slot) + CHI_DEV_SLOT_HEADER;
+}
+CHI_DEVICE uint8_t *d2d_out(const chi_dev_layout *l, uint32_t slot) {
+  return d2d_slot(l, slot) + CHI_DEV_SLOT_HEADER + l->payload_stride;
+}
+constexpr uint32_t kD2dLlWords = CHI_DEV_D2D_LL_BYTES / 4u;
+
+/* Data word j of n bytes at p, zero padded (p any alignment): out of line,
+ * so that the inlined copies below stay short (code a waiting kernel runs
+ * once per task is fetched anew each time). */
+CHI_DEVICE_NOINLINE uint32_t ll_word_slow(const uint8_t *p, uint32_t j, uint32_t n) {
+  uint32_t w = 0;
+  for (uint32_t b = 0; b < 4u && 4u * j + b < n; ++b) w |= static_cast<uint32_t>(p[4u * j + b]) << (8u * b);
+  return w;
+}
+CHI_DEVICE_NOINLINE void ll_bytes_slow(uint8_t *d, uint32_t x, uint32_t m) {
+  for (uint32_t b = 0; b < m; ++b) d[b] = static_cast<uint8_t>(x >> (8u * b));
+}
+
+/* Writes n (<= CHI_DEV_D2D_LL_BYTES) bytes of src to dst as LL words with
+ * `flag`: every data word loaded first (plain loads, in flight at once),
+ * then 16-byte stores. */
+CHI_DEVICE void ll_put(uint64_t *dst, const void *src, uint32_t n, uint32_t flag) {
+  const uint8_t *in = static_cast<const uint8_t *>(src);
+  const uint32_t nw = static_cast<uint32_t>(round_words(n));
+  const bool a4 = (reinterpret_cast<uintptr_t>(in) & 3u) == 0;
+  uint32_t v[kD2dLlWords + 1u];
+#pragma unroll
+  for (uint32_t j = 0; j < kD2dLlWords + 1u; ++j)
+    v[j] = j >= nw ? 0u : a4 && 4u * j + 4u <= n ? reinterpret_cast<const uint32_t *>(in)[j] : ll_word_slow(in, j, n);
+#pragma unroll
+  for (uint32_t j = 0; j < kD2dLlWords; j += 2u)
+    if (j < nw) chi_port::ll_store16_dev(dst + j, ll_pack(v[j], flag), ll_pack(v[j + 1u], flag));
+}
+/* The first n (<= CHI_DEV_D2D_LL_BYTES) bytes of LL words w to dst. */
+CHI_DEVICE void ll_get(void *dst, const uint64_t *w, uint32_t n) {
+  uint8_t *d = static_cast<uint8_t *>(dst);
+  const bool a4 = (reinterpret_cast<uintptr_t>(d) & 3u) == 0;
+#pragma unroll
+  for (uint32_t j = 0; j < kD2dLlWords; ++j) {
+    if (4u * j >= n) break;
+    if (a4 && 4u * j + 4u <= n) reinterpret_cast<uint32_t *>(d)[j] = ll_data(w[j]);
+    else ll_bytes_slow(d + 4u * j, ll_data(w[j]), n - 4u * j < 4u ? n - 4u * j : 4u);
+  }
+}
+
+/* GPU->GPU, step 1, called outside the gate: a free slot and its next
+ * generation.  CHI_OK: the caller is inside the gate and publishes
+ * (local_publish), then calls gate_leave.  Any other status: outside,
+ * nothing taken (CHI_ERR_AGAIN: no slot in time, or the orchestrator stepped
+ * aside and did not come back in time).  A submit that waits for a slot
+ * waits outside the gate, so that an orchestrator stepping aside never waits
+ * for it. */
+CHI_DEVICE chi_status_t local_prepare(const chi_dev_layout *l, uint32_t *slot, uint32_t *gen, bool wait) {
   int32_t s;
   for (;;) {
     /* The gate and the first slot guess in one round trip. */
@@ -418,16 +395,80 @@ CHI_DEVICE chi_status_t local_prepare(const chi_dev_layout *l, chi_method_t meth
     if (!gate_wait(l, wait)) return CHI_ERR_AGAIN;
   }
   *slot = static_cast<uint32_t>(s);
-  const uint32_t old = chi_port::ld_relaxed_dev(l->d2d_state + s);
-  if (ticket) *ticket = chi_port::fetch_add_dev(l->d2d_tail, static_cast<uint64_t>(1));
-  *gen = next_gen(old >> 8);
-  uint8_t *base = d2d_slot(l, *slot);
-  chi_dev_slot_header_t *h = reinterpret_cast<chi_dev_slot_header_t *>(base);
-  h->method = method;
-  h->input_size = input_size;
-  if (input_size) thread_copy(base + CHI_DEV_SLOT_HEADER, input, input_size);
-  chi_port::st_relaxed_dev(l->d2d_state + s, (*gen << 8) | CHI_DEV_SLOT_SUBMITTED);
+  *gen = next_gen(chi_port::ld_relaxed_dev(l->d2d_state + s) >> 8);
   return CHI_OK;
+}
+
+/* GPU->GPU, step 2, inside the gate: the task in the slot (the input, then
+ * the request words, all flagged with gen: no fence up to 64 bytes), the
+ * state word, and the bell, fire and forget.  The orchestrator worker that
+ * serves the slot's bell word sees the bit flip, then the request words. */
+CHI_DEVICE void local_publish(const chi_dev_layout *l, uint32_t slot, uint32_t gen, chi_method_t method,
+                              const void *input, uint32_t input_size) {
+  if (input_size <= CHI_DEV_D2D_LL_BYTES) {
+    if (input_size) ll_put(d2d_in_ll(l, slot), input, input_size, gen);
+  } else {
+    thread_copy(d2d_in(l, slot), input, input_size);
+    chi_port::fence_release_dev(); /* the bytes before the request words */
+  }
+  chi_port::st_relaxed_dev(l->d2d_state + slot, (gen << 8) | CHI_DEV_SLOT_SUBMITTED);
+  chi_port::ll_store16_dev(d2d_words(l, slot) + CHI_DEV_D2D_REQ_WORD, ll_pack(method, gen), ll_pack(input_size, gen));
+  chi_port::red_xor_dev(l->d2d_bell + (slot >> 5), 1u << (slot & 31u));
+}
+
+/* A GPU->GPU reply as a waiter's polls read it: the header words and the
+ * LL words of an output of up to CHI_DEV_D2D_LL_BYTES. */
+struct d2d_reply {
+  uint64_t h0, h1;
+  uint64_t w[kD2dLlWords];
+};
+/* Whether LL words [0, nw) of r all carry gen. */
+CHI_DEVICE bool ll_all(const d2d_reply *r, uint32_t nw, uint32_t gen) {
+  bool ok = true;
+#pragma unroll
+  for (uint32_t j = 0; j < kD2dLlWords; ++j)
+    if (j < nw && ll_flag(r->w[j]) != gen) ok = false;
+  return ok;
+}
+/* One poll: the header words and the output words of up to `want` bytes
+ * (<= CHI_DEV_D2D_LL_BYTES) that do not carry gen yet, all loads in flight
+ * at once.  True once the header words carry gen and, for an output of up
+ * to `want` bytes, every word of it does. */
+CHI_DEVICE bool local_poll(const chi_dev_layout *l, uint32_t slot, uint32_t gen, uint32_t want, d2d_reply *r) {
+  const uint64_t *hw = d2d_words(l, slot) + CHI_DEV_D2D_REPLY_WORD;
+  const uint64_t *ow = d2d_out_ll(l, slot);
+  const uint32_t pairs = static_cast<uint32_t>(round_words(want) + 1u) / 2u;
+#pragma unroll
+  for (uint32_t j = 0; j < kD2dLlWords / 2u; ++j)
+    if (j < pairs && (ll_flag(r->w[2u * j]) != gen || ll_flag(r->w[2u * j + 1u]) != gen))
+      chi_port::ll_load16_dev(ow + 2u * j, &r->w[2u * j], &r->w[2u * j + 1u]);
+  chi_port::ll_load16_dev(hw, &r->h0, &r->h1);
+  if (ll_flag(r->h0) != gen || ll_flag(r->h1) != gen) return false;
+  const uint32_t osize = ll_data(r->h1);
+  return osize > want || ll_all(r, static_cast<uint32_t>(round_words(osize)), gen);
+}
+/* The LL output words of a reply whose header words carry gen, read again
+ * (all at once) until each carries gen too. */
+CHI_DEVICE void ll_finish(const chi_dev_layout *l, uint32_t slot, uint32_t gen, d2d_reply *r, uint32_t osize) {
+  const uint64_t *ow = d2d_out_ll(l, slot);
+  const uint32_t nw = static_cast<uint32_t>(round_words(osize));
+  while (!ll_all(r, nw, gen)) {
+#pragma unroll
+    for (uint32_t j = 0; j < kD2dLlWords; ++j)
+      if (j < nw && ll_flag(r->w[j]) != gen) r->w[j] = chi_port::ll_load8_dev(ow + j);
+  }
+}
+/* The output of a reply whose header words carry gen: its LL words, or past
+ * CHI_DEV_D2D_LL_BYTES the plain bytes written before the header (acquire). */
+CHI_DEVICE void local_output(const chi_dev_layout *l, uint32_t slot, uint32_t gen, d2d_reply *r, uint32_t osize,
+                             void *out) {
+  if (osize <= CHI_DEV_D2D_LL_BYTES) {
+    ll_finish(l, slot, gen, r, osize);
+    ll_get(out, r->w, osize);
+  } else {
+    chi_port::fence_acquire_dev();
+    thread_copy(out, d2d_out(l, slot), osize, true);
+  }
 }
 
 /* GPU->CPU, step 1: a slot, and a large payload written to host memory.

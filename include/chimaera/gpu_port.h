@@ -87,6 +87,13 @@ template <class T> CHI_DEVICE T fetch_or_acquire_dev(T *p, T v) {
 template <class T> CHI_DEVICE T fetch_and_release_dev(T *p, T v) {
   return atom_dev<T>(*p).fetch_and(v, cuda::memory_order_release);
 }
+/* Fire and forget (a reduction: the thread does not wait for the old value). */
+template <class T> CHI_DEVICE void red_xor_dev(T *p, T v) {
+  atom_dev<T>(*p).fetch_xor(v, cuda::memory_order_relaxed);
+}
+template <class T> CHI_DEVICE void red_and_dev(T *p, T v) {
+  atom_dev<T>(*p).fetch_and(v, cuda::memory_order_relaxed);
+}
 /* On failure *expected receives the current value. */
 template <class T> CHI_DEVICE bool cas_acq_rel_dev(T *p, T *expected, T desired) {
   return atom_dev<T>(*p).compare_exchange_strong(*expected, desired, cuda::memory_order_acq_rel,
@@ -139,6 +146,26 @@ CHI_DEVICE void ll_store8(uint64_t *p, uint64_t v) {
 CHI_DEVICE void ll_store16(uint64_t *p, uint64_t a, uint64_t b) {
   asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a), "l"(b) : "memory");
 }
+/* Device-memory LL words (GPU->GPU slots): relaxed at GPU scope, each
+ * 8-byte half single-copy atomic; unlike volatile accesses they need not
+ * stay in order with each other. */
+CHI_DEVICE uint64_t ll_load8_dev(const uint64_t *p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+CHI_DEVICE void ll_load16_dev(const uint64_t *p, uint64_t *a, uint64_t *b) {
+  uint64_t x, y;
+  asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(x), "=l"(y) : "l"(p) : "memory");
+  *a = x;
+  *b = y;
+}
+CHI_DEVICE void ll_store8_dev(uint64_t *p, uint64_t v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+CHI_DEVICE void ll_store16_dev(uint64_t *p, uint64_t a, uint64_t b) {
+  asm volatile("st.relaxed.gpu.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a), "l"(b) : "memory");
+}
 
 CHI_DEVICE uint64_t timer_ns() {
   uint64_t t;
@@ -189,6 +216,12 @@ template <class T> CHI_DEVICE T fetch_or_acquire_dev(T *p, T v) {
 template <class T> CHI_DEVICE T fetch_and_release_dev(T *p, T v) {
   return __hip_atomic_fetch_and(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
 }
+template <class T> CHI_DEVICE void red_xor_dev(T *p, T v) {
+  (void)__hip_atomic_fetch_xor(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+template <class T> CHI_DEVICE void red_and_dev(T *p, T v) {
+  (void)__hip_atomic_fetch_and(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
 template <class T> CHI_DEVICE bool cas_acq_rel_dev(T *p, T *expected, T desired) {
   return __hip_atomic_compare_exchange_strong(p, expected, desired, __ATOMIC_ACQ_REL,
                                               __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT);
@@ -222,6 +255,20 @@ CHI_DEVICE void ll_store8(uint64_t *p, uint64_t v) {
 CHI_DEVICE void ll_store16(uint64_t *p, uint64_t a, uint64_t b) {
   ll_store8(p, a);
   ll_store8(p + 1, b);
+}
+CHI_DEVICE uint64_t ll_load8_dev(const uint64_t *p) {
+  return __hip_atomic_load(const_cast<uint64_t *>(p), __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+CHI_DEVICE void ll_load16_dev(const uint64_t *p, uint64_t *a, uint64_t *b) {
+  *a = ll_load8_dev(p);
+  *b = ll_load8_dev(p + 1);
+}
+CHI_DEVICE void ll_store8_dev(uint64_t *p, uint64_t v) {
+  __hip_atomic_store(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+CHI_DEVICE void ll_store16_dev(uint64_t *p, uint64_t a, uint64_t b) {
+  ll_store8_dev(p, a);
+  ll_store8_dev(p + 1, b);
 }
 
 /* s_memrealtime counts at 100 MHz on the gfx9 family. */

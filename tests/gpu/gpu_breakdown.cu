@@ -173,19 +173,22 @@ __global__ void k_device_route(chi_dev_context_t ctx, chi_route_t route, chi_met
       atomicAdd(bad, 1);
       return;
     }
+    d2d_reply r = {};
+    uint32_t seen = 0;
     if (kind == kKindLocal) {
-      s = local_prepare(l, method, in, payload, &slot, &gen, true, &ticket);
+      s = local_prepare(l, &slot, &gen, true);
       t[kPrepared] = chi_port::timer_ns();
       if (s == CHI_OK) {
-        const bool pushed = queue_push_at(l, ticket, slot);
+        local_publish(l, slot, gen, method, in, payload);
         gate_leave(l);
-        if (!pushed) s = CHI_ERR_INTERNAL;
       }
       t[kPublished] = chi_port::timer_ns();
-      if (s == CHI_OK) { /* as chi_dev_wait: its claim (WAITING), then its polls until DONE */
+      if (s == CHI_OK) { /* as chi_dev_wait: its claim (WAITING) beside the first poll, then polls */
         uint32_t expect = (gen << 8) | CHI_DEV_SLOT_SUBMITTED;
         held = chi_port::cas_relaxed_dev(l->d2d_state + slot, &expect, (gen << 8) | CHI_DEV_SLOT_WAITING);
-        while (!(chi_port::ld_acquire_dev(l->d2d_state + slot) & CHI_DEV_SLOT_DONE_BIT)) {
+        seen = expect;
+        const uint32_t want = payload < CHI_DEV_D2D_LL_BYTES ? payload : CHI_DEV_D2D_LL_BYTES;
+        while (!local_poll(l, slot, gen, want, &r)) {
         }
       }
     } else {
@@ -200,7 +203,7 @@ __global__ void k_device_route(chi_dev_context_t ctx, chi_route_t route, chi_met
     t[kSeen] = chi_port::timer_ns();
     uint32_t osz = 0;
     if (s == CHI_OK)
-      s = kind == kKindLocal ? local_take(l, slot, gen, held, out, kMaxPayload, &osz)
+      s = kind == kKindLocal ? local_take(l, slot, gen, held, seen, &r, out, kMaxPayload, &osz)
                              : chi_dev_wait(&ctx, make_future(kind, gen, slot), GT_WAIT_NS, out, kMaxPayload, &osz);
     t[kTaken] = chi_port::timer_ns();
     if (s != CHI_OK || osz != payload) {
@@ -408,12 +411,12 @@ int main(int argc, char **argv) {
         row(name, payload, "5 reply write, bus, device header poll", back);
         row(name, payload, "6 chi_dev_wait: output read + copy", take);
       } else {
-        row(name, payload, "1 slot, gate, payload copy into slot", prep);
-        row(name, payload, "2 run-queue push", pub);
-        row(name, payload, "3 to handler: orchestrator pick-up", to_h);
+        row(name, payload, "1 gate + slot, then its generation", prep);
+        row(name, payload, "2 LL request words, bell, gate leave", pub);
+        row(name, payload, "3 to handler: bell seen, request + input read", to_h);
         row(name, payload, "4 device handler (echo, one warp)", hand);
-        row(name, payload, "5 DONE written, waiter's poll sees it", back);
-        row(name, payload, "6 chi_dev_wait: output read + copy, slot freed", take);
+        row(name, payload, "5 reply words written, waiter's poll sees them", back);
+        row(name, payload, "6 chi_dev_wait: claim, output, slot freed", take);
       }
       row(name, payload, "= round trip", total);
     }
