@@ -97,6 +97,40 @@ __global__ void k_payloads(chi_dev_context_t ctx, chi_route_t route, uint32_t ma
   }
 }
 
+/* One thread, `rounds` times: a max-size echo whose every 32-bit word is
+ * v (small numbers, like the generations of the slot's next tasks), then
+ * echoes of 8 and 64 bytes, which go as LL words (GPU->GPU): a slot whose
+ * plain bytes could pass for LL words with the next task's flag would hand
+ * back those bytes.  st[0]: small echoes right, st[1]: tried, st[2]: first
+ * wrong round, st[3]: its status. */
+__global__ void k_mixed_sizes(chi_dev_context_t ctx, chi_route_t route, uint32_t max, uint32_t rounds,
+                              uint8_t *scratch, int32_t *st) {
+  uint8_t *in = scratch, *out = scratch + 8192;
+  st[0] = st[1] = 0;
+  st[2] = -1;
+  for (uint32_t r = 0; r < rounds; ++r) {
+    uint32_t *w = reinterpret_cast<uint32_t *>(in);
+    for (uint32_t k = 0; k < max / 4u; ++k) w[k] = r + 1u + (k & 1u);
+    chi_future_t f;
+    uint32_t osz = 0;
+    chi_status_t s = chi_dev_submit(&ctx, route, CHI_METHOD_ECHO, in, max, &f);
+    if (s == CHI_OK) s = chi_dev_wait(&ctx, f, GT_WAIT_NS, out, 8192, &osz);
+    for (uint32_t n = 8; n <= 64; n += 56) {
+      gt_fill(in, n, 7u * r + n);
+      s = chi_dev_submit(&ctx, route, CHI_METHOD_ECHO, in, n, &f);
+      if (s == CHI_OK) s = chi_dev_wait(&ctx, f, GT_WAIT_NS, out, 8192, &osz);
+      int ok = s == CHI_OK && osz == n;
+      for (uint32_t b = 0; ok && b < n; ++b) ok = out[b] == in[b];
+      st[1] += 1;
+      st[0] += ok;
+      if (!ok && st[2] < 0) {
+        st[2] = static_cast<int32_t>(r);
+        st[3] = s;
+      }
+    }
+  }
+}
+
 /* One thread: echo of many sizes around the copy paths' edges (16-byte
  * pieces, the 64-byte register path, the 112-byte inline limit, batches,
  * the maximum), from inputs and into outputs at odd offsets.  Bytes around
@@ -593,6 +627,20 @@ static void run_shapes(chi_route_t route) {
 }
 
 /* Sizes and alignments around every copy path, bytes around the output untouched. */
+static void run_mixed_sizes(chi_route_t route) {
+  memset(g_st, 0x7F, 64 * sizeof(int32_t));
+  k_mixed_sizes<<<1, 1, 0, g_stream>>>(g_ctx, route, g_max, 200, g_scratch, g_st);
+  sync_stream();
+  if (g_st[0] != g_st[1] || g_st[1] != 400)
+    fail_msg("route %d: %d of %d small echoes right after large ones; first wrong in round %d, status %d",
+             route, g_st[0], g_st[1], g_st[2], g_st[3]);
+}
+/* Large and small payloads in turns through the same slots. */
+static void test_d2d_mixed_sizes(void **state) {
+  (void)state;
+  run_mixed_sizes(CHI_ROUTE_LOCAL);
+}
+
 static void test_d2h_shapes(void **state) {
   (void)state;
   run_shapes(CHI_ROUTE_CPU);
@@ -899,7 +947,8 @@ int main(void) {
       cmocka_unit_test(test_h2d_payloads),   cmocka_unit_test(test_h2d_errors),
       cmocka_unit_test(test_h2d_threads),    cmocka_unit_test(test_d2h_payloads),
       cmocka_unit_test(test_d2d_payloads),   cmocka_unit_test(test_d2h_shapes),
-      cmocka_unit_test(test_d2d_shapes),   cmocka_unit_test(test_d2h_errors),
+      cmocka_unit_test(test_d2d_shapes),   cmocka_unit_test(test_d2d_mixed_sizes),
+      cmocka_unit_test(test_d2h_errors),
       cmocka_unit_test(test_d2d_errors),     cmocka_unit_test(test_d2h_source),
       cmocka_unit_test(test_d2h_bell),       cmocka_unit_test(test_idle_lease),
       cmocka_unit_test(test_device_timeout), cmocka_unit_test(test_wait_claims),
