@@ -555,6 +555,11 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
   uint64_t keep_sig = 0, keep_since = t_start, keep_sampled = 0;
   bool keep_in_use = false, step_aside = false, rang = false;
   uint64_t bell_sampled = 0;
+  /* The keeper's last look at the bell and at d2h_tail, loaded at one sample
+   * and used at the next: the keeper is a GPU->GPU worker too, and a
+   * pinned-memory read it waited for (~1.3 us on PCIe) would hold up the
+   * tasks of its bell words. */
+  uint64_t armed_seen = 0, tail_seen = 0;
   /* The last warp also frees released GPU->CPU slots (sweep_released). */
   const bool sweeper = gw == st->nwarps - 1u;
   uint64_t swept_at = 0;
@@ -616,11 +621,11 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
        * thread relaunches at once. */
       if (now - bell_sampled >= (ran ? kBellBusySampleNs : kBellIdleSampleNs) && l->diag) {
         bell_sampled = now;
-        uint64_t armed = 0, tail = 0, queued = 0, trying = 0;
+        uint64_t armed = armed_seen, tail = tail_seen, queued = 0, trying = 0;
         if (lane == 0) {
-          armed = chi_port::ll_load8(st->host_lease + 2);
-          tail = chi_port::ld_relaxed_dev(l->d2h_tail);
           if (armed != 0u && tail >= armed) chi_port::ll_load16(st->host_lease, &queued, &trying);
+          armed_seen = chi_port::ll_load8(st->host_lease + 2);
+          tail_seen = chi_port::ld_relaxed_dev(l->d2h_tail);
         }
         const bool ring = chi_port::shfl(armed != 0u && tail >= armed ? 1u : 0u, 0) != 0u;
         if (ring) {
