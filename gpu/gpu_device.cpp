@@ -195,6 +195,9 @@ chi_status_t GpuDevice::allocate() {
   l.d2d_bell = reinterpret_cast<uint32_t *>(dev_ + d2d_bell);
   l.d2d_seen = reinterpret_cast<uint32_t *>(dev_ + d2d_seen);
   l.gate = reinterpret_cast<uint64_t *>(dev_ + gate);
+  // As orchestrator_main splits its warps (d2d_workers in device_orchestrator.h).
+  l.d2d_workers = s.nwarps > s.h2d_pollers ? s.nwarps - s.h2d_pollers : 1;
+  l.d2d_first_worker = s.nwarps > s.h2d_pollers ? s.h2d_pollers : 0;
 
   chi_dev_orch_state_t os;
   std::memset(&os, 0, sizeof os);

@@ -136,6 +136,8 @@ typedef struct chi_dev_ctx_layout {
                               * stepped aside, low bits the submitters between slot and bell */
   uint32_t lease_us;         /* gpu.lease_us */
   int32_t ngpus;             /* GPUs the runtime drives (CHI_ROUTE_GPU(n >= ngpus): CHI_ERR_NO_DEVICE) */
+  uint32_t d2d_workers;      /* since ABI 9: orchestrator warps serving GPU->GPU bells ... */
+  uint32_t d2d_first_worker; /* ... from this warp on; worker i serves bell words i, i + workers, ... */
 } chi_dev_ctx_layout_t;
 
 /* The orchestrator's state in device memory, passed to its kernel. */

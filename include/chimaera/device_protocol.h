@@ -370,19 +370,44 @@ CHI_DEVICE void ll_get(void *dst, const uint64_t *w, uint32_t n) {
   }
 }
 
+/* A handler's submit (the orchestrator's context): whether `slot`'s bell
+ * word is served by the calling warp, which could not run the task while
+ * its handler waits for it. */
+CHI_DEVICE bool d2d_own_bell(const chi_dev_layout *l, uint32_t slot) {
+  if (!(l->flags & CHI_DEV_CTX_ORCHESTRATOR) || l->d2d_workers < 2u) return false;
+  const uint32_t gw = (blockIdx.x * blockDim.x + threadIdx.x) / CHI_WARP_SIZE;
+  return gw >= l->d2d_first_worker && (slot >> 5) % l->d2d_workers == gw - l->d2d_first_worker;
+}
+/* Instead of slot s (freed here), a free slot whose bell another worker
+ * serves: one look at each of the next 8 bitmap words.  -1: none. */
+CHI_DEVICE int32_t d2d_other_bell(const chi_dev_layout *l, int32_t s) {
+  const uint32_t nw = l->slots >> 5;
+  int32_t got = -1;
+  for (uint32_t k = 1; k <= 8u && k < nw && got < 0; ++k) {
+    got = bitmap_alloc_window(l->d2d_bitmap, nw, ((static_cast<uint32_t>(s) >> 5) + k) & (nw - 1u), 1u);
+    if (got >= 0 && d2d_own_bell(l, static_cast<uint32_t>(got))) {
+      bitmap_free(l->d2d_bitmap, static_cast<uint32_t>(got));
+      got = -1;
+    }
+  }
+  bitmap_free(l->d2d_bitmap, static_cast<uint32_t>(s));
+  return got;
+}
+
 /* GPU->GPU, step 1, called outside the gate: a free slot and its next
  * generation.  CHI_OK: the caller is inside the gate and publishes
  * (local_publish), then calls gate_leave.  Any other status: outside,
  * nothing taken (CHI_ERR_AGAIN: no slot in time, or the orchestrator stepped
  * aside and did not come back in time).  A submit that waits for a slot
  * waits outside the gate, so that an orchestrator stepping aside never waits
- * for it. */
+ * for it.  A handler's submit takes a slot that another worker serves. */
 CHI_DEVICE chi_status_t local_prepare(const chi_dev_layout *l, uint32_t *slot, uint32_t *gen, bool wait) {
   int32_t s;
   for (;;) {
     /* The gate and the first slot guess in one round trip. */
     const uint64_t g = chi_port::fetch_add_dev(l->gate, static_cast<uint64_t>(1));
     s = bitmap_alloc(l->d2d_bitmap, l->slots);
+    if (s >= 0 && d2d_own_bell(l, static_cast<uint32_t>(s))) s = d2d_other_bell(l, s);
     if (!(g & kGateAway) && s >= 0) break;
     gate_leave(l);
     if (!(g & kGateAway)) { /* no free slot: wait for one outside the gate */

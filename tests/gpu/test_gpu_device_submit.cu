@@ -4,6 +4,8 @@
  *     every thread submits with chi_dev_submit and waits, GPU->GPU and
  *     GPU->CPU: every result right, no CHI_ERR_AGAIN; prints the throughput
  *     and the longest submit (the wait for a slot);
+ *   - handlers run by GPU->GPU workers that submit GPU->GPU tasks and wait
+ *     for them: none waits for its own warp;
  *   - chi_dev_release: release-then-wait/test/release answer
  *     CHI_ERR_INVALID, release after the task ended, and 100,000 released
  *     futures per route whose tasks all still run and whose slots all come
@@ -26,7 +28,7 @@
 static chi_runtime_t *g_rt;
 static chi_dev_context_t g_ctx;
 static cudaStream_t g_stream;
-static chi_method_t g_count, g_nested, g_gate, g_cpu_count;
+static chi_method_t g_count, g_nested, g_wait_local, g_gate, g_cpu_count;
 static unsigned long long *g_dev; /* device: kernels' counters */
 static chi_future_t *g_futs;      /* device: futures held across kernels */
 static uint32_t g_slots;          /* gpu.device_slots */
@@ -70,15 +72,40 @@ __device__ chi_status_t t_nested(chi_dev_request_t *r) {
   return CHI_OK;
 }
 
+/* t.wait_local: submits a GPU->GPU echo of its 8-byte input from inside
+ * the orchestrator (lane 0) and waits for it, at most 100 ms (released on a
+ * timeout); answers {submit status, wait status, echo right}.  Run by a
+ * GPU->GPU worker, it must not wait for a task only its own warp would run. */
+__device__ chi_status_t t_wait_local(chi_dev_request_t *r) {
+  if (r->output_capacity < 12 || r->input_size != 8) return CHI_ERR_INVALID;
+  if (chi_port::lane_id() == 0) {
+    uint8_t out[8] = {0};
+    uint32_t n = 0;
+    chi_future_t f = 0;
+    int32_t res[3] = {chi_dev_submit(r->ctx, CHI_ROUTE_LOCAL, CHI_METHOD_ECHO, r->input, 8, &f), CHI_ERR_INVALID, 0};
+    if (res[0] == CHI_OK) {
+      res[1] = chi_dev_wait(r->ctx, f, 100000000ll, out, 8, &n);
+      if (res[1] == CHI_ERR_TIMEOUT) chi_dev_release(r->ctx, f);
+      int same = 1;
+      for (int b = 0; b < 8; ++b) same &= out[b] == static_cast<const uint8_t *>(r->input)[b];
+      res[2] = res[1] == CHI_OK && n == 8 && same;
+    }
+    memcpy(r->output, res, 12);
+  }
+  r->output_size = 12;
+  return CHI_OK;
+}
+
 __device__ chi_status_t t_dispatch(uint32_t index, chi_dev_request_t *r) {
   switch (index) {
     case 0: return t_count(r);
     case 1: return t_nested(r);
+    case 2: return t_wait_local(r);
   }
   return CHI_ERR_NOT_FOUND;
 }
-static const char *const kNames[] = {"t.count", "t.nested"};
-CHI_DEFINE_ORCHESTRATOR(submit_test_orchestrator, t_dispatch, kNames, 2)
+static const char *const kNames[] = {"t.count", "t.nested", "t.wait_local"};
+CHI_DEFINE_ORCHESTRATOR(submit_test_orchestrator, t_dispatch, kNames, 3)
 
 static void sleep_us(long us) {
   struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
@@ -201,6 +228,53 @@ static void test_full_grid_gpu_to_gpu(void **state) {
 static void test_full_grid_gpu_to_cpu(void **state) {
   (void)state;
   full_grid(CHI_ROUTE_CPU, "GPU->CPU");
+}
+
+/* ------------------------------------------------- handlers that wait */
+
+/* Lane 0 of each warp in turn (warp k after warp k - 1, through the counter
+ * cnt[kSpare1]): `rounds` x a GPU->GPU t.wait_local, whose handler submits a
+ * GPU->GPU echo and waits for it; counts right answers, wrong ones, and
+ * inner waits that timed out.  One parent at a time: with every worker
+ * holding a waiting parent, their children would wait for a free worker
+ * whatever the design (docs/gpu.md); different warps' slots put the
+ * parents on different workers. */
+__global__ void k_wait_local(chi_dev_context_t ctx, chi_method_t m, uint32_t rounds, unsigned long long *cnt) {
+  const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32u;
+  if (threadIdx.x % 32u != 0u) return;
+  while (atomicAdd(&cnt[kSpare1], 0ull) != warp) __nanosleep(1000);
+  for (uint32_t r = 0; r < rounds; ++r) {
+    uint64_t in = warp * 131ull + r;
+    int32_t res[3] = {0, 0, 0};
+    uint32_t n = 0;
+    chi_future_t f = 0;
+    chi_status_t s = chi_dev_submit(&ctx, CHI_ROUTE_LOCAL, m, &in, 8, &f);
+    if (s == CHI_OK) s = chi_dev_wait(&ctx, f, GT_WAIT_NS, res, sizeof res, &n);
+    if (s == CHI_OK && n == 12 && res[0] == CHI_OK && res[1] == CHI_OK && res[2] == 1) atomicAdd(&cnt[kOk], 1ull);
+    else if (res[1] == CHI_ERR_TIMEOUT) atomicAdd(&cnt[kAgain], 1ull);
+    else atomicAdd(&cnt[kBad], 1ull);
+  }
+  __threadfence();
+  atomicAdd(&cnt[kSpare1], 1ull);
+}
+
+/* Handlers run by GPU->GPU workers wait for GPU->GPU tasks they submitted:
+ * each such task goes to a slot another worker serves, so none waits for
+ * its own warp (64 warps in turn x 8 rounds). */
+static void test_handler_waits_gpu(void **state) {
+  (void)state;
+  clear_counters();
+  const uint32_t warps = 64, rounds = 8;
+  k_wait_local<<<2, warps / 2 * 32, 0, g_stream>>>(g_ctx, g_wait_local, rounds, g_dev);
+  sync_stream();
+  unsigned long long c[NCNT];
+  read_counters(c);
+  printf("# handlers waiting for GPU->GPU tasks: ok %llu, inner timeouts %llu, wrong %llu\n", c[kOk], c[kAgain],
+         c[kBad]);
+  assert_int_equal(c[kAgain], 0);
+  assert_int_equal(c[kBad], 0);
+  assert_int_equal(c[kOk], (unsigned long long)warps * rounds);
+  assert_int_equal(slots_settled(), 0);
 }
 
 /* ---------------------------------------------------------------- release */
@@ -442,6 +516,7 @@ int main(void) {
       chi_register_handler(g_rt, "t.cpu_count", h_cpu_count, NULL, &g_cpu_count) != CHI_OK ||
       chi_method_lookup(g_rt, "t.count", &g_count) != CHI_OK ||
       chi_method_lookup(g_rt, "t.nested", &g_nested) != CHI_OK ||
+      chi_method_lookup(g_rt, "t.wait_local", &g_wait_local) != CHI_OK ||
       chi_gpu_context(g_rt, 0, &g_ctx) != CHI_OK || chi_stats(g_rt, &st) != CHI_OK) {
     fprintf(stderr, "set-up: %s\n", chi_last_error_message());
     chi_finalize(g_rt);
@@ -456,6 +531,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_full_grid_gpu_to_gpu),
       cmocka_unit_test(test_full_grid_gpu_to_cpu),
+      cmocka_unit_test(test_handler_waits_gpu),
       cmocka_unit_test(test_release_rules_gpu),
       cmocka_unit_test(test_release_rules_cpu),
       cmocka_unit_test(test_release_many_gpu),
