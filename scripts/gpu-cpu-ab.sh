@@ -4,7 +4,7 @@
 # (build-abtrees/base.tar.gz, made here by `scripts/gpu-route-ab.sh prepare
 # REF`) and from this tree, then runs `chimaera-bench --threads N
 # --tput-tasks M` with CHI_GPU_DEVICES=0 for base, new and each variant of
-# the new build, ROUNDS times in turns.  One line per run in $OUT/summary.txt
+# the new build, ROUNDS times in turns (even rounds in reverse order).  One line per run in $OUT/summary.txt
 # (cpu->cpu p50 us, pipelined x1 M/s, pipelined xN M/s / p99 us, batched xN
 # M/s / p99 us); the raw outputs in $OUT/raw.tgz.
 #
@@ -58,13 +58,24 @@ run() { # TAG BUILD [VAR=VALUE ...]
     "$(awk -v t="x$THREADS" '$2 == "pipelined" && $3 == t {printf "%s (%s)", $10, $8}' "$f") |" \
     "$(awk -v t="x$THREADS" '$2 == "batched" && $3 == t {printf "%s (%s)", $10, $8}' "$f")"
 }
+# Each round runs base, new and the variants; even rounds in the reverse
+# order, so that no build always runs first (stop 33's run3 ran base first
+# in every round).
 for r in $(seq 1 "${CPU_AB_ROUNDS:-3}"); do
-  run "base-r$r" /tmp/chi-cpu-ab-base-build
-  run "new-r$r" /tmp/chi-cpu-ab-new-build
+  turns=("base-r$r|/tmp/chi-cpu-ab-base-build|" "new-r$r|/tmp/chi-cpu-ab-new-build|")
   for v in "${sets[@]}"; do
     [ -n "$v" ] || continue
-    read -r -a envs <<<"$v"
-    run "new-$(echo "$v" | tr ' =' '_-')-r$r" /tmp/chi-cpu-ab-new-build "${envs[@]}"
+    turns+=("new-$(echo "$v" | tr ' =' '_-')-r$r|/tmp/chi-cpu-ab-new-build|$v")
+  done
+  order=("${turns[@]}")
+  if [ $((r % 2)) -eq 0 ]; then
+    order=()
+    for ((i = ${#turns[@]} - 1; i >= 0; --i)); do order+=("${turns[i]}"); done
+  fi
+  for t in "${order[@]}"; do
+    IFS='|' read -r tag build vars <<<"$t"
+    read -r -a envs <<<"$vars"
+    run "$tag" "$build" "${envs[@]}"
   done
 done
 tar -C "$OUT" -czf "$OUT/raw.tgz" raw && rm -rf "$OUT/raw"
