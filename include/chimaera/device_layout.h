@@ -17,7 +17,11 @@
 #include "chimaera.h"
 
 #define CHI_DEV_ABI_VERSION 9u
-#define CHI_DEV_CTX_MAGIC 0x43484944u /* "CHID" */
+/* The context's first word: "CH" and the ABI version (since ABI 9; it was
+ * "CHID" before), so a kernel built against another chimaera_device.h gets
+ * CHI_ERR_INVALID from every device call instead of running an older
+ * protocol over this layout. */
+#define CHI_DEV_CTX_MAGIC (0x43480000u | CHI_DEV_ABI_VERSION)
 
 /* An LL record: 32 eight-byte words, each {uint32 data, uint32 flag}.  Words
  * 0..3 are a header, words 4..31 carry up to 112 bytes inline.  Exception,
