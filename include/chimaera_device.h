@@ -141,7 +141,7 @@ CHI_DEVICE chi_status_t local_take(const chi_dev_layout *l, uint32_t slot, uint3
   }
   const bool ll = output && osize && osize <= CHI_DEV_D2D_LL_BYTES;
   if (ll) ll_finish(l, slot, gen, r, osize);
-  else if (output && osize) local_output(l, slot, gen, r, osize, output);
+  else if (output && osize) local_plain_output(l, slot, osize, output);
   if (held) bitmap_free_relaxed(l->d2d_bitmap, slot);
   else bitmap_free(l->d2d_bitmap, slot);
   if (ll) ll_get(output, r->w, osize);

@@ -331,17 +331,15 @@ CHI_DEVICE uint8_t *d2d_out(const chi_dev_layout *l, uint32_t slot) {
 }
 constexpr uint32_t kD2dLlWords = CHI_DEV_D2D_LL_BYTES / 4u;
 
-/* Data word j of n bytes at p, zero padded (p any alignment): out of line,
- * so that the inlined copies below stay short (code a waiting kernel runs
- * once per task is fetched anew each time). */
+/* load_word and store_word out of line, for the unaligned and partial
+ * words of the LL copies below: those stay short inlined (code a waiting
+ * kernel runs once per task is fetched anew each time; on an H200 the
+ * 64-byte wait's last stage took 1.44 us with the byte loops inline and
+ * volatile LL accesses, 0.90 us out of line and relaxed). */
 CHI_DEVICE_NOINLINE uint32_t ll_word_slow(const uint8_t *p, uint32_t j, uint32_t n) {
-  uint32_t w = 0;
-  for (uint32_t b = 0; b < 4u && 4u * j + b < n; ++b) w |= static_cast<uint32_t>(p[4u * j + b]) << (8u * b);
-  return w;
+  return load_word(p, 4u * j, n);
 }
-CHI_DEVICE_NOINLINE void ll_bytes_slow(uint8_t *d, uint32_t x, uint32_t m) {
-  for (uint32_t b = 0; b < m; ++b) d[b] = static_cast<uint8_t>(x >> (8u * b));
-}
+CHI_DEVICE_NOINLINE void ll_bytes_slow(uint8_t *d, uint32_t x, uint32_t m) { store_word(d, 0u, m, x); }
 
 /* Writes n (<= CHI_DEV_D2D_LL_BYTES) bytes of src to dst as LL words with
  * `flag`: every data word loaded first (plain loads, in flight at once),
@@ -483,17 +481,11 @@ CHI_DEVICE void ll_finish(const chi_dev_layout *l, uint32_t slot, uint32_t gen, 
       if (j < nw && ll_flag(r->w[j]) != gen) r->w[j] = chi_port::ll_load8_dev(ow + j);
   }
 }
-/* The output of a reply whose header words carry gen: its LL words, or past
- * CHI_DEV_D2D_LL_BYTES the plain bytes written before the header (acquire). */
-CHI_DEVICE void local_output(const chi_dev_layout *l, uint32_t slot, uint32_t gen, d2d_reply *r, uint32_t osize,
-                             void *out) {
-  if (osize <= CHI_DEV_D2D_LL_BYTES) {
-    ll_finish(l, slot, gen, r, osize);
-    ll_get(out, r->w, osize);
-  } else {
-    chi_port::fence_acquire_dev();
-    thread_copy(out, d2d_out(l, slot), osize, true);
-  }
+/* An output of over CHI_DEV_D2D_LL_BYTES, once the reply words carry the
+ * generation: plain bytes the orchestrator wrote before them (acquire). */
+CHI_DEVICE void local_plain_output(const chi_dev_layout *l, uint32_t slot, uint32_t osize, void *out) {
+  chi_port::fence_acquire_dev();
+  thread_copy(out, d2d_out(l, slot), osize, true);
 }
 
 /* GPU->CPU, step 1: a slot, and a large payload written to host memory.
