@@ -81,6 +81,40 @@ static inline int gt_have_cuda(void) {
   return 1;
 }
 
+/* chi_init with the built-in configuration (and the environment's
+ * settings), then GPU 0's context.  Returns 0; 77 when the runtime found no
+ * usable GPU (it is finalized then: the test is skipped); 1 on an error
+ * (printed). */
+static inline int gt_start(chi_runtime_t **rt, chi_dev_context_t *ctx) {
+  chi_config_t cfg;
+  chi_config_init(&cfg);
+  chi_status_t s = chi_init(&cfg, rt);
+  if (s != CHI_OK) {
+    fprintf(stderr, "chi_init: %s: %s\n", chi_status_string(s), chi_last_error_message());
+    return 1;
+  }
+  int32_t count = 0;
+  chi_gpu_count(*rt, &count);
+  if (count == 0) {
+    printf("# chimaera found no usable GPU\n");
+    chi_finalize(*rt);
+    return 77;
+  }
+  if (chi_gpu_context(*rt, 0, ctx) != CHI_OK) {
+    fprintf(stderr, "chi_gpu_context: %s\n", chi_last_error_message());
+    return 1;
+  }
+  return 0;
+}
+
+/* chi_finalize: 0, or 1 with the error printed (add it to the failures). */
+static inline int gt_finalize(chi_runtime_t *rt) {
+  const chi_status_t s = chi_finalize(rt);
+  if (s == CHI_OK) return 0;
+  fprintf(stderr, "chi_finalize: %s: %s\n", chi_status_string(s), chi_last_error_message());
+  return 1;
+}
+
 /* ------------------------------------------------ orchestrator state (diag) */
 
 #ifdef __cplusplus

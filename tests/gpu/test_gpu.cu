@@ -911,21 +911,7 @@ int main(void) {
    * not as a task served by the watcher's safety-net look. */
   setenv("CHI_GPU_POLLER_BELL_CHECK_US", "1000000", 0);
   setenv("CHI_GPU_IDLE_LEASE_US", "20000", 0); /* test_idle_lease */
-  chi_config_t cfg;
-  chi_config_init(&cfg);
-  chi_status_t s = chi_init(&cfg, &g_rt);
-  if (s != CHI_OK) {
-    fprintf(stderr, "chi_init: %s: %s\n", chi_status_string(s), chi_last_error_message());
-    return 1;
-  }
-  int32_t count = 0;
-  chi_gpu_count(g_rt, &count);
-  if (count == 0) {
-    printf("# chimaera found no usable GPU\n");
-    chi_finalize(g_rt);
-    return 77;
-  }
-  if (chi_gpu_context(g_rt, 0, &g_ctx) != CHI_OK) return 1;
+  if (int rc = gt_start(&g_rt, &g_ctx)) return rc;
   /* A hang fails with the orchestrator's state instead of ctest's timeout. */
   static GtWatchdog wd;
   wd.start(&g_ctx, 540);
@@ -960,11 +946,7 @@ int main(void) {
   int failed = chi_test_run("gpu", tests);
   /* Whatever failed, the orchestrators stop here; only then may memory be freed. */
   wd.stop();
-  s = chi_finalize(g_rt);
-  if (s != CHI_OK) {
-    fprintf(stderr, "chi_finalize: %s: %s\n", chi_status_string(s), chi_last_error_message());
-    failed++;
-  }
+  failed += gt_finalize(g_rt);
   cudaFree(g_scratch);
   cudaFreeHost(g_st);
   cudaFreeHost(g_val);

@@ -503,21 +503,7 @@ int main(void) {
     printf("# no CUDA device\n");
     return 77;
   }
-  chi_config_t cfg;
-  chi_config_init(&cfg);
-  chi_status_t s = chi_init(&cfg, &g_rt);
-  if (s != CHI_OK) {
-    fprintf(stderr, "chi_init: %s: %s\n", chi_status_string(s), chi_last_error_message());
-    return 1;
-  }
-  int32_t count = 0;
-  chi_gpu_count(g_rt, &count);
-  if (count == 0) {
-    printf("# chimaera found no usable GPU\n");
-    chi_finalize(g_rt);
-    return 77;
-  }
-  if (chi_gpu_context(g_rt, 0, &g_ctx) != CHI_OK) return 1;
+  if (int rc = gt_start(&g_rt, &g_ctx)) return rc;
   if (chi_register_handler(g_rt, "test.slow_echo", h_slow_echo, NULL, &g_slow_method) != CHI_OK) return 1;
   printf("# gpu.lease_us: %s\n", lease ? lease : "the library's default");
 
@@ -533,10 +519,6 @@ int main(void) {
   int failed = chi_test_run("gpu_coexist", tests);
   sampler_stop();
   g_wd.stop();
-  s = chi_finalize(g_rt);
-  if (s != CHI_OK) {
-    fprintf(stderr, "chi_finalize: %s: %s\n", chi_status_string(s), chi_last_error_message());
-    failed++;
-  }
+  failed += gt_finalize(g_rt);
   return failed ? 1 : 0;
 }

@@ -156,21 +156,7 @@ int main(int argc, char **argv) {
   if (cudaHostAlloc((void **)&g_st, 8 * sizeof(int32_t), cudaHostAllocMapped) != cudaSuccess ||
       cudaHostAlloc((void **)&g_cnt, 8 * sizeof(unsigned long long), cudaHostAllocMapped) != cudaSuccess)
     return 1;
-  chi_config_t cfg;
-  chi_config_init(&cfg);
-  chi_status_t s = chi_init(&cfg, &g_rt);
-  if (s != CHI_OK) {
-    fprintf(stderr, "chi_init: %s: %s\n", chi_status_string(s), chi_last_error_message());
-    return 1;
-  }
-  int32_t count = 0;
-  chi_gpu_count(g_rt, &count);
-  if (count == 0) {
-    printf("# chimaera found no usable GPU\n");
-    chi_finalize(g_rt);
-    return 77;
-  }
-  if (chi_gpu_context(g_rt, 0, &g_ctx) != CHI_OK) return 1;
+  if (int rc = gt_start(&g_rt, &g_ctx)) return rc;
   static GtWatchdog wd;
   wd.start(&g_ctx, 280);
   if (chi_register_handler(g_rt, "test.block_poller", h_block, NULL, &g_block_method) != CHI_OK ||
@@ -181,11 +167,7 @@ int main(int argc, char **argv) {
   };
   int failed = chi_test_run("gpu_poller_steal", tests);
   wd.stop();
-  s = chi_finalize(g_rt);
-  if (s != CHI_OK) {
-    fprintf(stderr, "chi_finalize: %s: %s\n", chi_status_string(s), chi_last_error_message());
-    failed++;
-  }
+  failed += gt_finalize(g_rt);
   cudaFreeHost(g_st);
   cudaFreeHost(g_cnt);
   return failed ? 1 : 0;
