@@ -265,7 +265,7 @@ static void test_handler_waits_gpu(void **state) {
   (void)state;
   clear_counters();
   const uint32_t warps = 64, rounds = 8;
-  k_wait_local<<<2, warps / 2 * 32, 0, g_stream>>>(g_ctx, g_wait_local, rounds, g_dev);
+  k_wait_local<<<8, warps / 8 * 32, 0, g_stream>>>(g_ctx, g_wait_local, rounds, g_dev);
   sync_stream();
   unsigned long long c[NCNT];
   read_counters(c);
