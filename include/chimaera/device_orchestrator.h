@@ -192,9 +192,9 @@ constexpr uint64_t kInputWaitNs = 100000000ull;
  * then the reply: the output as LL words (or plain bytes and a release
  * fence), and the reply words, whose flags tell the waiter it is all there. */
 template <class D>
-CHI_DEVICE_NOINLINE void run_local_task(const chi_dev_orch_state_t *st, uint32_t slot, uint32_t gen,
-                                        uint32_t method, uint32_t input_size, uint64_t mine, uint32_t lane,
-                                        uint8_t *in, uint8_t *out) {
+CHI_DEVICE_NOINLINE uint64_t run_local_task(const chi_dev_orch_state_t *st, uint32_t slot, uint32_t gen,
+                                            uint32_t method, uint32_t input_size, uint64_t mine, uint32_t lane,
+                                            uint8_t *in, uint8_t *out) {
   const chi_dev_layout *l = layout(&st->ctx);
   chi_dev_request_t r;
   r.method = method;
@@ -234,16 +234,20 @@ CHI_DEVICE_NOINLINE void run_local_task(const chi_dev_orch_state_t *st, uint32_t
     if (lane < round_words(osize))
       chi_port::ll_store8_dev(d2d_out_ll(l, slot) + lane, ll_pack(reinterpret_cast<const uint32_t *>(out)[lane], gen));
   } else {
+    /* Plain bytes: the reply words wait for the pass's one release fence
+     * (serve_bells), so a pass of large tasks pays one fence, not one each. */
     uint8_t *dst = d2d_out(l, slot);
     for (uint32_t i = 16u * lane; i < osize; i += 16u * CHI_WARP_SIZE)
       *reinterpret_cast<uint4 *>(dst + i) = *reinterpret_cast<const uint4 *>(out + i);
-    chi_port::fence_release_dev(); /* the bytes before the reply words */
+    chi_port::syncwarp();
+    return (static_cast<uint64_t>(osize) << 32) | static_cast<uint32_t>(s);
   }
   chi_port::syncwarp();
   if (lane == 0)
     chi_port::ll_store16_dev(d2d_words(l, slot) + CHI_DEV_D2D_REPLY_WORD, ll_pack(static_cast<uint32_t>(s), gen),
                          ll_pack(osize, gen));
   chi_port::syncwarp();
+  return 0;
 }
 
 /* Serves the GPU->GPU bells of words first, first + stride, ... (warp-
@@ -294,6 +298,7 @@ CHI_DEVICE_NOINLINE uint32_t serve_bells(const chi_dev_orch_state_t *st, uint32_
       const bool ready = has && gen != 0u && ll_flag(q1) == gen && ll_flag(p0) != gen && ll_flag(p1) != gen;
       if (has && !ready) ++waiting;
       const chi_port::lanemask_t go = chi_port::ballot(ready);
+      uint64_t held = 0; /* lane k: task k's {output size, status} when its reply words wait */
       for (chi_port::lanemask_t m = go; m; m &= m - 1u) {
         const int k = chi_port::ffs_mask(m) - 1;
         /* Lane j takes word j of lane k's input. */
@@ -303,8 +308,18 @@ CHI_DEVICE_NOINLINE uint32_t serve_bells(const chi_dev_orch_state_t *st, uint32_
           const uint64_t v = chi_port::shfl(x[j], k);
           if (lane == j) mine = v;
         }
-        run_local_task<D>(st, chi_port::shfl(slot, k), chi_port::shfl(gen, k), chi_port::shfl(ll_data(q0), k),
-                          chi_port::shfl(ll_data(q1), k), mine, lane, in, out);
+        const uint64_t r = run_local_task<D>(st, chi_port::shfl(slot, k), chi_port::shfl(gen, k),
+                                             chi_port::shfl(ll_data(q0), k), chi_port::shfl(ll_data(q1), k), mine,
+                                             lane, in, out);
+        if (static_cast<int>(lane) == k) held = r;
+      }
+      if (chi_port::ballot(held != 0u)) {
+        /* Every lane's plain output bytes before any of these reply words. */
+        chi_port::fence_release_dev();
+        chi_port::syncwarp();
+        if (held)
+          chi_port::ll_store16_dev(d2d_words(l, slot) + CHI_DEV_D2D_REPLY_WORD,
+                                   ll_pack(static_cast<uint32_t>(held), gen), ll_pack(static_cast<uint32_t>(held >> 32), gen));
       }
       if (ready) {
         finish_local(l, slot, gen);
