@@ -481,7 +481,10 @@ chi_status_t GpuDevice::write_stop(uint32_t value) {
   // never arrived), so the lease epochs stay the launch indices.
   const uint64_t arrivals = launches_.load() * shape_.nwarps;
   std::memcpy(stop_src_ + 4, &arrivals, sizeof arrivals);
-  const size_t bytes = value == 0 ? 6 * sizeof(uint32_t) : 2 * sizeof(uint32_t);
+  // The last lease over, and the exit counter (control[10..11], counted
+  // from 0 in whole launches: orchestrator_main's exit_barrier).
+  for (int i = 6; i < 12; ++i) stop_src_[i] = 0;
+  const size_t bytes = value == 0 ? 12 * sizeof(uint32_t) : 2 * sizeof(uint32_t);
   cudaError_t e = cudaMemcpyAsync(control_, stop_src_, bytes, cudaMemcpyHostToDevice, ctl_stream_);
   if (e == cudaSuccess) e = cudaStreamSynchronize(ctl_stream_);
   if (e != cudaSuccess) {

@@ -157,7 +157,9 @@ typedef struct chi_dev_orch_state {
   uint64_t *h2d_done;    /* pinned: one LL completion record per slot */
   uint8_t *h2d_buf;      /* pinned: slots x payload_stride, payloads over 112 bytes */
   uint32_t *control;     /* device, 16 words: [0] stop request, [1] fault code, [4..5] warp
-                          * arrivals (uint64, lease epochs), [6..7] last lease over (uint64) */
+                          * arrivals (uint64, lease epochs), [6..7] last lease over (uint64),
+                          * [10..11] warp exits (uint64, exit_barrier; the runtime zeroes
+                          * [6..11] before a launch on an idle stream) */
   uint64_t *h2d_next;    /* device: next ticket of each polling warp */
   int32_t *dispatch;     /* device: method id -> user dispatch index, -1: none */
   uint8_t *scratch;      /* device: per warp, input then output, payload_stride each */
@@ -196,6 +198,10 @@ typedef struct chi_dev_orch_state {
 #define CHI_DIAG_END_AT 8u
 #define CHI_DIAG_BELL 9u         /* keeper: the bell value it rang for (host_lease[2]) */
 #define CHI_DIAG_BELL_AT 10u     /* ... and when */
+#define CHI_DIAG_ASIDE_N 11u     /* keeper: launches that stepped aside so far (since ABI 9) */
+#define CHI_DIAG_ASIDE_AT 12u    /* ... when the last one did */
+#define CHI_DIAG_ASIDE_WHY 13u   /* ... and why: bell (1: the pollers' bell) | in_use << 1 |
+                                  * the routes' quiet time in us << 32 */
 #define CHI_DIAG_LEASE_PHASE 16u /* lease thread: CHI_DIAG_PHASE_* */
 #define CHI_DIAG_LEASE_AT 17u    /* ... since when (host) */
 #define CHI_DIAG_LEASE_N 18u     /* ... the launch it looks after */

@@ -490,6 +490,31 @@ CHI_DEVICE uint32_t d2d_first_worker(const chi_dev_orch_state_t *st) {
   return st->nwarps > st->h2d_pollers ? st->h2d_pollers : 0u;
 }
 
+/* Leaving a launch (every warp, warp-collective, at the stop flag or the
+ * lease's end): a handler may be waiting for a GPU->GPU task it submitted,
+ * which another worker's bell words hold (d2d_own_bell), and the next
+ * launch cannot start before that handler's warp ends this one.  So each
+ * warp counts itself out (control[10..11], counted from 0 by the runtime:
+ * it grows by nwarps per launch) and a GPU->GPU worker keeps serving its
+ * bells until every warp of the launch has, so until no handler of this
+ * launch runs.  A CPU->GPU poller leaves at once (it serves no bell).
+ * Without this a handler's inner wait outlived the launch: 4-5 of 512 such
+ * waits timed out after 100 ms on an H200 (test_handler_waits_gpu). */
+template <class D>
+CHI_DEVICE_NOINLINE void exit_barrier(const chi_dev_orch_state_t *st, uint32_t lane, bool worker, uint32_t first,
+                                      uint32_t stride, uint8_t *in, uint8_t *out) {
+  uint64_t *const exits = reinterpret_cast<uint64_t *>(st->control + 10);
+  /* Release: this warp's replies before its count. */
+  const uint64_t a = lane == 0 ? chi_port::fetch_add_release_dev(exits, static_cast<uint64_t>(1)) : 0u;
+  if (!worker) return;
+  const uint64_t all = (chi_port::shfl(a, 0) / st->nwarps + 1u) * st->nwarps;
+  for (;;) {
+    const uint64_t n = lane == 0 ? chi_port::ld_acquire_dev(exits) : 0u;
+    if (chi_port::shfl(n, 0) >= all) break;
+    if (serve_bells<D>(st, first, stride, lane, in, out, nullptr) == 0u) chi_port::nanosleep(128);
+  }
+}
+
 /* Stepping aside (the keeper, warp-collective): closes the GPU->GPU gate,
  * waits for the submitters already inside it to ring their bells and for
  * the other workers to end this launch (warp_done), then serves every
@@ -583,7 +608,10 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
     epoch = chi_port::shfl(a, 0) / st->nwarps; /* launches never overlap: exact */
     /* A launch queued behind one that pause stopped: nothing to do. */
     const uint32_t stop0 = lane == 0 ? chi_port::ld_relaxed_dev(st->control) : 0u;
-    if (chi_port::shfl(stop0, 0)) return;
+    if (chi_port::shfl(stop0, 0)) {
+      exit_barrier<D>(st, lane, false, 0u, 1u, in, out); /* counted out: the others may be serving */
+      return;
+    }
     bool in_use;
     if (keeper) {
       keep_sig = route_signature(l, lane, &in_use);
@@ -692,6 +720,17 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
       }
     }
     if (chi_port::shfl(stop | expired, 0)) {
+      exit_barrier<D>(st, lane, worker, bell_first, bell_stride, in, out);
+      if (step_aside && !stop && lane == 0 && l->diag) {
+        /* Counted where tools see it (chimaera-bench names it when a submit
+         * found the gate closed too long); one pinned read per step-aside. */
+        const uint64_t t = chi_port::timer_ns();
+        const uint64_t quiet_us = (t - keep_since) / 1000u;
+        chi_port::ll_store8(l->diag + CHI_DIAG_ASIDE_WHY,
+                            (rang ? 1u : 0u) | (keep_in_use ? 2u : 0u) | (quiet_us << 32));
+        chi_port::ll_store8(l->diag + CHI_DIAG_ASIDE_AT, t);
+        chi_port::ll_store8(l->diag + CHI_DIAG_ASIDE_N, chi_port::ll_load8(l->diag + CHI_DIAG_ASIDE_N) + 1u);
+      }
       if (step_aside && !stop) close_and_drain<D>(st, lane, gw, epoch, in, out);
       if (keeper && lane == 0 && l->diag) {
         chi_port::ll_store8(l->diag + CHI_DIAG_END_AT, chi_port::timer_ns());

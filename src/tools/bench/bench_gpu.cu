@@ -753,10 +753,28 @@ const char *where_name(uint32_t where) {
   }
 }
 
-bool route_ok(const RouteOut &o, chi_bench_row *row) {
+// One of the orchestrator's diag words (chimaera/device_layout.h); 0 without them.
+uint64_t diag_word(const Gpu &g, uint32_t w) {
+  const volatile uint64_t *d = reinterpret_cast<const chi_dev_ctx_layout_t *>(&g.ctx)->diag;
+  return d ? d[w] : 0;
+}
+
+// asides0: CHI_DIAG_ASIDE_N when the row started.  A CHI_ERR_AGAIN names
+// the orchestrator's step-asides meanwhile (a submit waits at most two
+// leases for the next launch, docs/gpu.md).
+bool route_ok(const RouteOut &o, chi_bench_row *row, const Gpu &g, uint64_t asides0) {
   if (o.where == 0) return true;
-  chi_bench_row_fail(row, o.status, "%s: %s (task %llu)", where_name(o.where),
-                     chi_status_string(o.status), o.index);
+  char why[160] = "";
+  if (o.status == CHI_ERR_AGAIN) {
+    const uint64_t w = diag_word(g, CHI_DIAG_ASIDE_WHY);
+    std::snprintf(why, sizeof why, "; orchestrator stepped aside %llu times in this row, last: %s, slots %s, "
+                  "routes quiet %llu us",
+                  static_cast<unsigned long long>(diag_word(g, CHI_DIAG_ASIDE_N) - asides0),
+                  (w & 1u) ? "bell" : "lease, successor not queued", (w & 2u) ? "in use" : "free",
+                  static_cast<unsigned long long>(w >> 32));
+  }
+  chi_bench_row_fail(row, o.status, "%s: %s (task %llu)%s", where_name(o.where),
+                     chi_status_string(o.status), o.index, why);
   return false;
 }
 
@@ -786,6 +804,7 @@ void gpu_latency(Gpu &g, chi_route_t route, const chi_bench_options &opt, chi_be
   if (!usable_for_routes(g, opt, row)) return;
   cudaSetDevice(g.ordinal);
   RouteOut o{};
+  const uint64_t asides0 = diag_word(g, CHI_DIAG_ASIDE_N);
   const uint32_t stride = stride_of(opt.payload);
   cudaError_t e = cudaMemsetAsync(g.out, 0, sizeof(RouteOut), g.stream);
   if (e == cudaSuccess) {
@@ -809,7 +828,7 @@ void gpu_latency(Gpu &g, chi_route_t route, const chi_bench_options &opt, chi_be
     g.error = row->error;  // a faulted context fails every later row too
     return;
   }
-  if (!route_ok(o, row)) return;
+  if (!route_ok(o, row, g, asides0)) return;
   if (o.done == 0) {
     chi_bench_row_fail(row, CHI_ERR_TIMEOUT, "no timed round trip within %.0f s (%llu warm-up)",
                        double(mode.budget_ns) / 1e9, static_cast<unsigned long long>(opt.warmup));
@@ -832,6 +851,7 @@ bool tput_run(Gpu &g, chi_route_t route, const chi_bench_options &opt, uint32_t 
               uint32_t lanes, uint32_t per_lane, RouteOut *o, chi_bench_row *row) {
   RouteOut init{};
   init.t_start = ~0ull;
+  const uint64_t asides0 = diag_word(g, CHI_DIAG_ASIDE_N);
   uint32_t blocks, threads;
   grid_for(g, nwarps, &blocks, &threads);
   cudaError_t e = cudaMemcpyAsync(g.out, &init, sizeof init, cudaMemcpyHostToDevice, g.stream);
@@ -849,7 +869,7 @@ bool tput_run(Gpu &g, chi_route_t route, const chi_bench_options &opt, uint32_t 
     g.error = row->error;
     return false;
   }
-  return route_ok(*o, row);
+  return route_ok(*o, row, g, asides0);
 }
 
 void gpu_throughput(Gpu &g, chi_route_t route, const chi_bench_options &opt, uint32_t nwarps,
