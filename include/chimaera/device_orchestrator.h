@@ -490,28 +490,56 @@ CHI_DEVICE uint32_t d2d_first_worker(const chi_dev_orch_state_t *st) {
   return st->nwarps > st->h2d_pollers ? st->h2d_pollers : 0u;
 }
 
+/* Whether any of the bell words first, first + stride, ... has a bit its
+ * worker has not served (warp-collective; relaxed loads, a hint). */
+CHI_DEVICE bool bells_pending(const chi_dev_layout *l, uint32_t first, uint32_t stride, uint32_t lane) {
+  const uint32_t nwords = l->slots >> 5;
+  uint32_t any = 0;
+  for (uint32_t w = first + lane * stride; w < nwords; w += stride * CHI_WARP_SIZE)
+    any |= chi_port::ld_relaxed_dev(l->d2d_bell + w) ^ chi_port::ld_relaxed_dev(l->d2d_seen + w);
+  return chi_port::ballot(any != 0u) != 0u;
+}
+
 /* Leaving a launch (every warp, warp-collective, at the stop flag or the
- * lease's end): a handler may be waiting for a GPU->GPU task it submitted,
- * which another worker's bell words hold (d2d_own_bell), and the next
- * launch cannot start before that handler's warp ends this one.  So each
- * warp counts itself out (control[10..11], counted from 0 by the runtime:
- * it grows by nwarps per launch) and a GPU->GPU worker keeps serving its
- * bells until every warp of the launch has, so until no handler of this
- * launch runs.  A CPU->GPU poller leaves at once (it serves no bell).
- * Without this a handler's inner wait outlived the launch: 4-5 of 512 such
- * waits timed out after 100 ms on an H200 (test_handler_waits_gpu). */
+ * lease's end).  A handler may be waiting for a GPU->GPU task it submitted,
+ * which another worker's bell words hold (d2d_own_bell), and the next launch
+ * cannot start before that handler's warp ends this one.  So each warp
+ * counts itself out (control[10..11], zeroed by the runtime before a launch
+ * on an idle stream: it grows by nwarps per launch), and a GPU->GPU worker
+ * stays until every warp of the launch is out.  While it stays it serves its
+ * bells, counting itself back in around each pass that has work (a CAS that
+ * fails once all are out: the work then waits for the next launch, or for
+ * close_and_drain), so a handler it runs there is covered too.  Once all are
+ * out the count stays so: no handler of this launch runs any more.  A
+ * CPU->GPU poller leaves at once (it serves no bell).  Without this, 4-5 of
+ * 512 handler waits timed out after 100 ms on an H200 (test_handler_waits_gpu),
+ * and 1 with a barrier whose workers ran handlers while counted out. */
 template <class D>
 CHI_DEVICE_NOINLINE void exit_barrier(const chi_dev_orch_state_t *st, uint32_t lane, bool worker, uint32_t first,
                                       uint32_t stride, uint8_t *in, uint8_t *out) {
+  const chi_dev_layout *l = layout(&st->ctx);
   uint64_t *const exits = reinterpret_cast<uint64_t *>(st->control + 10);
   /* Release: this warp's replies before its count. */
   const uint64_t a = lane == 0 ? chi_port::fetch_add_release_dev(exits, static_cast<uint64_t>(1)) : 0u;
   if (!worker) return;
   const uint64_t all = (chi_port::shfl(a, 0) / st->nwarps + 1u) * st->nwarps;
   for (;;) {
-    const uint64_t n = lane == 0 ? chi_port::ld_acquire_dev(exits) : 0u;
-    if (chi_port::shfl(n, 0) >= all) break;
-    if (serve_bells<D>(st, first, stride, lane, in, out, nullptr) == 0u) chi_port::nanosleep(128);
+    uint64_t n = lane == 0 ? chi_port::ld_acquire_dev(exits) : 0u;
+    n = chi_port::shfl(n, 0);
+    if (n >= all) break;
+    if (!bells_pending(l, first, stride, lane)) {
+      chi_port::nanosleep(128);
+      continue;
+    }
+    uint32_t in_again = 0;
+    if (lane == 0) {
+      while (n < all && !chi_port::cas_acq_rel_dev(exits, &n, n - 1u)) {
+      }
+      in_again = n < all ? 1u : 0u;
+    }
+    if (!chi_port::shfl(in_again, 0)) break;
+    serve_bells<D>(st, first, stride, lane, in, out, nullptr);
+    if (lane == 0) chi_port::fetch_add_release_dev(exits, static_cast<uint64_t>(1));
   }
 }
 
