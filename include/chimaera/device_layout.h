@@ -202,6 +202,10 @@ typedef struct chi_dev_orch_state {
 #define CHI_DIAG_ASIDE_AT 12u    /* ... when the last one did */
 #define CHI_DIAG_ASIDE_WHY 13u   /* ... and why: bell (1: the pollers' bell) | in_use << 1 |
                                   * the routes' quiet time in us << 32 */
+#define CHI_DIAG_ASIDE_BELL 14u  /* keeper: of ASIDE_N, those the pollers' bell made */
+#define CHI_DIAG_ASIDE_IN_USE 15u /* keeper: of ASIDE_N, those with slots in use */
+#define CHI_DIAG_LAUNCH_NS 20u   /* keeper: ns its launches ran, summed ... */
+#define CHI_DIAG_LAUNCH_N 21u    /* ... over this many launches (keepers' own clock) */
 #define CHI_DIAG_LEASE_PHASE 16u /* lease thread: CHI_DIAG_PHASE_* */
 #define CHI_DIAG_LEASE_AT 17u    /* ... since when (host) */
 #define CHI_DIAG_LEASE_N 18u     /* ... the launch it looks after */

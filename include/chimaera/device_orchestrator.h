@@ -447,6 +447,14 @@ constexpr uint64_t kKeeperQuietNs = 20000;
 /* ... or this long with slots in use (futures held, never waited for, must
  * not keep it forever). */
 constexpr uint64_t kKeeperHoldNs = 20000000;
+/* An idle keeper gives a late successor this long past the lease before it
+ * steps aside.  On an H200 (2026-11-27) a third of the launches of a 4 KiB
+ * GPU->GPU latency run (routes idle between tasks while the kernel checked
+ * each echo) stepped aside at the lease's end, the successor not yet queued,
+ * and one relaunch in some thousands took over two leases, so that a submit
+ * answered CHI_ERR_AGAIN.  A device-wide call in another thread waits this
+ * much longer at most. */
+constexpr uint64_t kKeeperLateNs = 200000;
 /* The pollers' bell (docs/gpu.md, "Idle GPU->CPU pollers"): the keeper looks
  * at it this often while it finds no task, and at least this often while it
  * does (a look is one read of pinned host memory, ~1.3 us on PCIe). */
@@ -729,7 +737,8 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
             keep_since = now;
           }
           const uint64_t quiet = now - keep_since;
-          leave = step_aside = quiet >= (in_use ? kKeeperHoldNs : kKeeperQuietNs);
+          leave = step_aside =
+              in_use ? quiet >= kKeeperHoldNs : quiet >= kKeeperQuietNs && now - lease_end >= kKeeperLateNs;
         }
         if (lane == 0 && l->diag) {
           const uint32_t branch = queued >= epoch + 2u                        ? CHI_DIAG_BRANCH_QUEUED
@@ -757,11 +766,19 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
         chi_port::ll_store8(l->diag + CHI_DIAG_ASIDE_WHY,
                             (rang ? 1u : 0u) | (keep_in_use ? 2u : 0u) | (quiet_us << 32));
         chi_port::ll_store8(l->diag + CHI_DIAG_ASIDE_AT, t);
-        chi_port::ll_store8(l->diag + CHI_DIAG_ASIDE_N, chi_port::ll_load8(l->diag + CHI_DIAG_ASIDE_N) + 1u);
+        uint64_t n = 0, by_bell = 0, in_use = 0;
+        chi_port::ll_load16(l->diag + CHI_DIAG_ASIDE_BELL, &by_bell, &in_use);
+        n = chi_port::ll_load8(l->diag + CHI_DIAG_ASIDE_N);
+        chi_port::ll_store16(l->diag + CHI_DIAG_ASIDE_BELL, by_bell + (rang ? 1u : 0u), in_use + (keep_in_use ? 1u : 0u));
+        chi_port::ll_store8(l->diag + CHI_DIAG_ASIDE_N, n + 1u);
       }
       if (step_aside && !stop) close_and_drain<D>(st, lane, gw, epoch, in, out);
       if (keeper && lane == 0 && l->diag) {
-        chi_port::ll_store8(l->diag + CHI_DIAG_END_AT, chi_port::timer_ns());
+        const uint64_t t_end = chi_port::timer_ns();
+        chi_port::ll_store8(l->diag + CHI_DIAG_END_AT, t_end);
+        uint64_t sum = 0, count = 0;
+        chi_port::ll_load16(l->diag + CHI_DIAG_LAUNCH_NS, &sum, &count);
+        chi_port::ll_store16(l->diag + CHI_DIAG_LAUNCH_NS, sum + (t_end - t_start), count + 1u);
         chi_port::ll_store8(l->diag + CHI_DIAG_END,
                             (epoch << 8) | (stop   ? CHI_DIAG_END_STOP
                                             : rang ? CHI_DIAG_END_BELL

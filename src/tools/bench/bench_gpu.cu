@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <cuda/atomic>
 #include <string>
@@ -759,20 +760,51 @@ uint64_t diag_word(const Gpu &g, uint32_t w) {
   return d ? d[w] : 0;
 }
 
+// The orchestrator's launches and step-asides so far (diag words).
+struct LeaseMark {
+  uint64_t launches = 0, asides = 0, bell = 0, in_use = 0, ran_ns = 0, ended = 0;
+};
+LeaseMark lease_mark(const Gpu &g) {
+  LeaseMark m;
+  m.launches = diag_word(g, CHI_DIAG_START_EPOCH);
+  m.asides = diag_word(g, CHI_DIAG_ASIDE_N);
+  m.bell = diag_word(g, CHI_DIAG_ASIDE_BELL);
+  m.in_use = diag_word(g, CHI_DIAG_ASIDE_IN_USE);
+  m.ran_ns = diag_word(g, CHI_DIAG_LAUNCH_NS);
+  m.ended = diag_word(g, CHI_DIAG_LAUNCH_N);
+  return m;
+}
+// With CHI_BENCH_LEASE set: the row's launches and step-asides, on stderr.
+void lease_note(const Gpu &g, const LeaseMark &m0, const chi_bench_row *row) {
+  if (!std::getenv("CHI_BENCH_LEASE")) return;
+  const LeaseMark m1 = lease_mark(g);
+  const uint64_t ended = m1.ended - m0.ended;
+  std::fprintf(stderr, "chimaera-bench: %s: %llu launches (%llu ended, %.1f us each), %llu step-asides (%llu for the bell, %llu with slots in use)\n",
+               row->name, static_cast<unsigned long long>(m1.launches - m0.launches),
+               static_cast<unsigned long long>(ended), ended ? double(m1.ran_ns - m0.ran_ns) / 1e3 / double(ended) : 0.0,
+               static_cast<unsigned long long>(m1.asides - m0.asides),
+               static_cast<unsigned long long>(m1.bell - m0.bell),
+               static_cast<unsigned long long>(m1.in_use - m0.in_use));
+}
+
 // asides0: CHI_DIAG_ASIDE_N when the row started.  A CHI_ERR_AGAIN names
 // the orchestrator's step-asides meanwhile (a submit waits at most two
 // leases for the next launch, docs/gpu.md).
 bool route_ok(const RouteOut &o, chi_bench_row *row, const Gpu &g, uint64_t asides0) {
   if (o.where == 0) return true;
-  char why[160] = "";
+  char why[256] = "";
   if (o.status == CHI_ERR_AGAIN) {
     const uint64_t w = diag_word(g, CHI_DIAG_ASIDE_WHY);
-    std::snprintf(why, sizeof why, "; orchestrator stepped aside %llu times in this row, last: %s, slots %s, "
-                  "routes quiet %llu us",
+    std::snprintf(why, sizeof why, "; orchestrator stepped aside %llu times in this row (the runtime's "
+                  "total: %llu, %llu for the bell, %llu with slots in use; last: %s, slots %s, routes quiet %llu us)",
                   static_cast<unsigned long long>(diag_word(g, CHI_DIAG_ASIDE_N) - asides0),
+                  static_cast<unsigned long long>(diag_word(g, CHI_DIAG_ASIDE_N)),
+                  static_cast<unsigned long long>(diag_word(g, CHI_DIAG_ASIDE_BELL)),
+                  static_cast<unsigned long long>(diag_word(g, CHI_DIAG_ASIDE_IN_USE)),
                   (w & 1u) ? "bell" : "lease, successor not queued", (w & 2u) ? "in use" : "free",
                   static_cast<unsigned long long>(w >> 32));
   }
+
   chi_bench_row_fail(row, o.status, "%s: %s (task %llu)%s", where_name(o.where),
                      chi_status_string(o.status), o.index, why);
   return false;
@@ -804,7 +836,8 @@ void gpu_latency(Gpu &g, chi_route_t route, const chi_bench_options &opt, chi_be
   if (!usable_for_routes(g, opt, row)) return;
   cudaSetDevice(g.ordinal);
   RouteOut o{};
-  const uint64_t asides0 = diag_word(g, CHI_DIAG_ASIDE_N);
+  const LeaseMark mark = lease_mark(g);
+  const uint64_t asides0 = mark.asides;
   const uint32_t stride = stride_of(opt.payload);
   cudaError_t e = cudaMemsetAsync(g.out, 0, sizeof(RouteOut), g.stream);
   if (e == cudaSuccess) {
@@ -823,6 +856,7 @@ void gpu_latency(Gpu &g, chi_route_t route, const chi_bench_options &opt, chi_be
     e = cudaMemcpyAsync(samples.data(), g.samples, sizeof(uint64_t) * opt.iters,
                         cudaMemcpyDeviceToHost, g.stream);
   if (e == cudaSuccess) e = cudaStreamSynchronize(g.stream);
+  lease_note(g, mark, row);
   if (e != cudaSuccess) {
     chi_bench_row_fail(row, CHI_ERR_INTERNAL, "%s", cuda_msg("latency kernel", e).c_str());
     g.error = row->error;  // a faulted context fails every later row too
@@ -851,7 +885,8 @@ bool tput_run(Gpu &g, chi_route_t route, const chi_bench_options &opt, uint32_t 
               uint32_t lanes, uint32_t per_lane, RouteOut *o, chi_bench_row *row) {
   RouteOut init{};
   init.t_start = ~0ull;
-  const uint64_t asides0 = diag_word(g, CHI_DIAG_ASIDE_N);
+  const LeaseMark mark = lease_mark(g);
+  const uint64_t asides0 = mark.asides;
   uint32_t blocks, threads;
   grid_for(g, nwarps, &blocks, &threads);
   cudaError_t e = cudaMemcpyAsync(g.out, &init, sizeof init, cudaMemcpyHostToDevice, g.stream);
@@ -862,6 +897,7 @@ bool tput_run(Gpu &g, chi_route_t route, const chi_bench_options &opt, uint32_t 
     e = cudaGetLastError();
   }
   if (e == cudaSuccess) e = cudaStreamSynchronize(g.stream);  // before pageable copies: see gpu_latency
+  lease_note(g, mark, row);
   if (e == cudaSuccess) e = cudaMemcpyAsync(o, g.out, sizeof *o, cudaMemcpyDeviceToHost, g.stream);
   if (e == cudaSuccess) e = cudaStreamSynchronize(g.stream);
   if (e != cudaSuccess) {
