@@ -571,12 +571,16 @@ void CpuExecutor::worker_main(unsigned id) {
   pthread_setname_np(pthread_self(), "chi-worker");  // for top and per-thread CPU figures
   tls_pool = this;
   tls_worker = id;
+  uint32_t streak = 0;  // pops in a row that found a task
   for (;;) {
     QueuedTask task;
     // The worker's own loop takes several tasks of a shared queue at once
-    // (worker_pop_batch: one claim of its head); a waiting handler's help
-    // takes one at a time.
-    if (pop_task(&task, false, true)) {
+    // (worker_pop_batch: one claim of its head) once its last pop found one
+    // too: the first pop after an idle spell takes one, so a lone task does
+    // not pay for the look at the cells behind it (another core's lines); a
+    // waiting handler's help takes one at a time.
+    if (pop_task(&task, false, streak > 0)) {
+      ++streak;
       // Submitters skip the wake while some worker spins.  This worker has
       // just stopped spinning (its count dropped before the pop): if more
       // work is queued and no one else spins, it passes the wake on, or that
@@ -585,6 +589,7 @@ void CpuExecutor::worker_main(unsigned id) {
       run_task(task);
       continue;
     }
+    streak = 0;
     bool found = false;
     if (spinners_.fetch_add(1, std::memory_order_seq_cst) >= max_spinners_) {
       // Enough workers spin already: skip straight to the sleep protocol.
