@@ -392,6 +392,7 @@ void GpuDevice::lease_loop() {
       continue;
     }
     // Queue the successor behind launch n: it starts as soon as n ends.
+    if (now_ns() - (due - kLeaseWakeEarlyNs) > 50000) ++lease_woke_late_;
     lease_phase(CHI_DIAG_PHASE_LOCK, n);
     lock.lock();
     if (lease_quit_.load()) return;
@@ -400,6 +401,10 @@ void GpuDevice::lease_loop() {
     if (launch_locked(true) != CHI_OK) {
       fail_locked("queuing the orchestrator's next lease");
       continue;
+    }
+    {
+      const int64_t ahead = due - now_ns();
+      ++lease_ahead_[ahead < 0 ? 0 : ahead < 50000 ? 1 : ahead < 100000 ? 2 : 3];
     }
     __atomic_store_n(&host_lease_[1], n + 3, __ATOMIC_RELEASE);
     lock.unlock();
@@ -446,14 +451,20 @@ void GpuDevice::fail_locked(const char *what) {
 // submits answered CHI_ERR_AGAIN after two leases: chimaera-bench's 1 and 4
 // KiB GPU->GPU rows, the GPU soak).  Falls back to now when the stamp is not
 // launch k's or is implausible (another clock).
-int64_t GpuDevice::started_at(uint64_t k) const {
+int64_t GpuDevice::started_at(uint64_t k) {
   const int64_t now = now_ns();
-  if (__atomic_load_n(&diag_[CHI_DIAG_START_EPOCH], __ATOMIC_ACQUIRE) != k) return now;
+  if (__atomic_load_n(&diag_[CHI_DIAG_START_EPOCH], __ATOMIC_ACQUIRE) != k) {
+    ++start_unstamped_;
+    return now;
+  }
   const uint64_t at = __atomic_load_n(&diag_[CHI_DIAG_START_AT], __ATOMIC_RELAXED);
   timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   const int64_t ago = int64_t(uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec) - at);
-  if (ago < 0 || ago > int64_t(std::max(shape_.lease_ns, shape_.idle_lease_ns))) return now;
+  if (ago < 0 || ago > int64_t(std::max(shape_.lease_ns, shape_.idle_lease_ns))) {
+    ++start_unstamped_;
+    return now;
+  }
   return now - ago;
 }
 
@@ -742,6 +753,12 @@ chi_status_t GpuDevice::shutdown() {
   futex_wake(&end_seq_);
   lock.unlock();
   if (lease_thread_.joinable()) lease_thread_.join();
+  if (shape_.lease_ns) log(LogLevel::kDebug,
+      "GPU %d: successors queued ahead of the lease's end: late %llu, < 50 us %llu, < 100 us %llu, "
+      "more %llu; lease thread woke over 50 us late %llu times; starts without their stamp %llu",
+      id_, (unsigned long long)lease_ahead_[0], (unsigned long long)lease_ahead_[1],
+      (unsigned long long)lease_ahead_[2], (unsigned long long)lease_ahead_[3],
+      (unsigned long long)lease_woke_late_, (unsigned long long)start_unstamped_);
   if (bell_thread_.joinable()) {
     const int64_t t0 = now_ns();
     while (!bell_life_->done.load() && now_ns() - t0 < kBellJoinNs) sleep_ns(1000000);

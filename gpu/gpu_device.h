@@ -105,7 +105,7 @@ class GpuDevice {
   // Where the lease thread is (diag words CHI_DIAG_LEASE_*), for watchdogs.
   void lease_phase(uint64_t phase, uint64_t n);
   // now_ns() when launch k started, from the device's own stamp (diag words).
-  int64_t started_at(uint64_t k) const;
+  int64_t started_at(uint64_t k);  // the lease thread only (counts start_unstamped_)
 
   Runtime &rt_;
   const int32_t id_;
@@ -135,6 +135,13 @@ class GpuDevice {
   std::atomic<uint32_t> launch_seq_{0};  // futex: bumped by every launch, and at shutdown
   std::atomic<uint32_t> end_seq_{0};     // futex: bumped by the bell thread when a launch ended
   std::atomic<uint64_t> bell_rings_{0};  // rings the bell thread passed on (diagnostics)
+  // The lease thread's timing (diagnostics, logged at shutdown at debug
+  // level): successors queued, by how far ahead of their predecessor's lease
+  // end (late, < 50 us, < 100 us, more), how late it woke for them (> 50 us),
+  // and starts it could not read from the launch's stamp.
+  uint64_t lease_ahead_[4] = {0, 0, 0, 0};
+  uint64_t lease_woke_late_ = 0;
+  uint64_t start_unstamped_ = 0;
   std::atomic<bool> lease_quit_{false};
   std::atomic<uint64_t> launches_{0};  // kernel launches so far
   int64_t launched_at_ = 0;            // now_ns() when the newest launch started, about

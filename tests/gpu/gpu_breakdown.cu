@@ -359,8 +359,9 @@ int main(int argc, char **argv) {
 
   printf("gpu_breakdown: %u round trips per row after %u warm-up; median and mean in us\n", n, warm);
   Offset off = clock_offset(2000);
-  printf("clock offset: host<->GPU ping-pong, least round trip %.3f us (stages that cross the bus: +- %.3f us)\n\n",
-         2 * off.half_rtt / 1e3, off.half_rtt / 1e3);
+  printf("clock offset: host<->GPU ping-pong, least round trip %.3f us (stages that cross the bus: +- %.3f us); "
+         "%%globaltimer - host clock %+.1f us\n\n",
+         2 * off.half_rtt / 1e3, off.half_rtt / 1e3, double(off.gpu_minus_host) / 1e3);
   printf("%-8s %6s  %-44s %9s %9s\n", "route", "bytes", "stage", "median", "mean");
 
   for (uint32_t payload : payloads) {
