@@ -443,29 +443,33 @@ void GpuDevice::fail_locked(const char *what) {
 }
 
 // When launch k started, in now_ns() time.  Its first warp stamps the
-// start in the diag words (%globaltimer, which follows the host's realtime
-// clock); this thread sees the end of launch k - 1 later, by up to the time
-// it slept: timing the next lease from that sighting made each lease's
-// successor later than the one before, until a keeper found none queued at
-// its lease's end and stepped aside with GPU->GPU tasks to come (their
-// submits answered CHI_ERR_AGAIN after two leases: chimaera-bench's 1 and 4
-// KiB GPU->GPU rows, the GPU soak).  Falls back to now when the stamp is not
-// launch k's or is implausible (another clock).
+// start in the diag words (%globaltimer); this thread sees the end of launch
+// k - 1 later, by up to the time it slept: timing the next lease from that
+// sighting made each lease's successor later than the one before, until a
+// keeper found none queued at its lease's end and stepped aside (a submit
+// that then waited over two leases for the next launch answered
+// CHI_ERR_AGAIN: chimaera-bench's 1 and 4 KiB GPU->GPU rows, the GPU soak).
+// %globaltimer is not the host's clock: on an H200 (2026-11-27) it ran
+// 563-725 us ahead of CLOCK_REALTIME, drifting, so a stamp compared with the
+// host's clock looked like a start in the future and 19,966 of 20,376
+// launches fell back to the sighting.  So the offset is learned from the
+// stamps themselves: a launch queued behind another starts when that one
+// ends, and every sighting is that start plus a delay of a few to some
+// hundred us; the least (sighting - stamp) seen so far is the offset plus
+// the least delay.  It is let rise by 1 us per launch (the clocks drift
+// some ppm, and an early low reading must not stay forever).  Falls back to
+// now when the stamp is not launch k's.
 int64_t GpuDevice::started_at(uint64_t k) {
   const int64_t now = now_ns();
   if (__atomic_load_n(&diag_[CHI_DIAG_START_EPOCH], __ATOMIC_ACQUIRE) != k) {
     ++start_unstamped_;
     return now;
   }
-  const uint64_t at = __atomic_load_n(&diag_[CHI_DIAG_START_AT], __ATOMIC_RELAXED);
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  const int64_t ago = int64_t(uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec) - at);
-  if (ago < 0 || ago > int64_t(std::max(shape_.lease_ns, shape_.idle_lease_ns))) {
-    ++start_unstamped_;
-    return now;
-  }
-  return now - ago;
+  const int64_t at = int64_t(__atomic_load_n(&diag_[CHI_DIAG_START_AT], __ATOMIC_RELAXED));
+  const int64_t d = now - at;  // offset between the clocks, plus this sighting's delay
+  offset_ = offset_known_ ? std::min(offset_ + 1000, d) : d;
+  offset_known_ = true;
+  return std::min(now, at + offset_);
 }
 
 void GpuDevice::lease_phase(uint64_t phase, uint64_t n) {
