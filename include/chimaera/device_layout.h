@@ -185,7 +185,9 @@ typedef struct chi_dev_orch_state {
 
 /* Words of chi_dev_ctx_layout_t.diag (plain stores by one writer each; a
  * reader sees each word whole, not the words as one snapshot).  Device
- * times are the GPU's global timer, host times CLOCK_REALTIME, both in ns. */
+ * times are the GPU's global timer, host times CLOCK_REALTIME, both in ns;
+ * the two clocks differ (by 563-725 us, drifting, on an H200): compare
+ * device times with device times. */
 #define CHI_DEV_DIAG_WORDS 32u
 #define CHI_DIAG_KEEP_AT 0u      /* keeper: time of its last look past the lease */
 #define CHI_DIAG_KEEP_EPOCH 1u   /* keeper: its launch's index */
@@ -204,11 +206,12 @@ typedef struct chi_dev_orch_state {
                                   * the routes' quiet time in us << 32 */
 #define CHI_DIAG_ASIDE_BELL 14u  /* keeper: of ASIDE_N, those the pollers' bell made */
 #define CHI_DIAG_ASIDE_IN_USE 15u /* keeper: of ASIDE_N, those with slots in use */
-#define CHI_DIAG_LAUNCH_NS 20u   /* keeper: ns its launches ran, summed ... */
-#define CHI_DIAG_LAUNCH_N 21u    /* ... over this many launches (keepers' own clock) */
 #define CHI_DIAG_LEASE_PHASE 16u /* lease thread: CHI_DIAG_PHASE_* */
 #define CHI_DIAG_LEASE_AT 17u    /* ... since when (host) */
 #define CHI_DIAG_LEASE_N 18u     /* ... the launch it looks after */
+#define CHI_DIAG_LAUNCH_NS 20u   /* keeper: ns its launches ran, summed ... (16-byte aligned:
+                                  * read and written with LAUNCH_N as one pair) */
+#define CHI_DIAG_LAUNCH_N 21u    /* ... over this many launches (keepers' own clock) */
 #define CHI_DIAG_BRANCH_QUEUED 1u /* the successor is queued */
 #define CHI_DIAG_BRANCH_TRYING 2u /* the successor is being queued (maybe held back) */
 #define CHI_DIAG_BRANCH_LATE 3u   /* neither */

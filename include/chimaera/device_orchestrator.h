@@ -577,6 +577,30 @@ CHI_DEVICE_NOINLINE void close_and_drain(const chi_dev_orch_state_t *st, uint32_
   }
 }
 
+/* The keeper's diag words (one thread; pinned memory, read by tools):
+ * a step-aside, counted where chimaera-bench and tests see it (one pinned
+ * read per step-aside, about one per lease at most) ... */
+CHI_DEVICE_NOINLINE void diag_step_aside(const chi_dev_layout *l, bool bell, bool in_use, uint64_t quiet_since) {
+  const uint64_t t = chi_port::timer_ns();
+  const uint64_t quiet_us = (t - quiet_since) / 1000u;
+  chi_port::ll_store8(l->diag + CHI_DIAG_ASIDE_WHY, (bell ? 1u : 0u) | (in_use ? 2u : 0u) | (quiet_us << 32));
+  chi_port::ll_store8(l->diag + CHI_DIAG_ASIDE_AT, t);
+  uint64_t by_bell = 0, with_slots = 0;
+  chi_port::ll_load16(l->diag + CHI_DIAG_ASIDE_BELL, &by_bell, &with_slots);
+  const uint64_t n = chi_port::ll_load8(l->diag + CHI_DIAG_ASIDE_N);
+  chi_port::ll_store16(l->diag + CHI_DIAG_ASIDE_BELL, by_bell + (bell ? 1u : 0u), with_slots + (in_use ? 1u : 0u));
+  chi_port::ll_store8(l->diag + CHI_DIAG_ASIDE_N, n + 1u);
+}
+/* ... and the end of a launch: when, why, and its time added up. */
+CHI_DEVICE_NOINLINE void diag_launch_end(const chi_dev_layout *l, uint64_t t_start, uint64_t epoch, uint32_t why) {
+  const uint64_t t_end = chi_port::timer_ns();
+  chi_port::ll_store8(l->diag + CHI_DIAG_END_AT, t_end);
+  uint64_t sum = 0, count = 0;
+  chi_port::ll_load16(l->diag + CHI_DIAG_LAUNCH_NS, &sum, &count);
+  chi_port::ll_store16(l->diag + CHI_DIAG_LAUNCH_NS, sum + (t_end - t_start), count + 1u);
+  chi_port::ll_store8(l->diag + CHI_DIAG_END, (epoch << 8) | why);
+}
+
 template <class D>
 CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
   const uint32_t lane = chi_port::lane_id();
@@ -758,32 +782,10 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
     }
     if (chi_port::shfl(stop | expired, 0)) {
       exit_barrier<D>(st, lane, worker, bell_first, bell_stride, in, out);
-      if (step_aside && !stop && lane == 0 && l->diag) {
-        /* Counted where tools see it (chimaera-bench names it when a submit
-         * found the gate closed too long); one pinned read per step-aside. */
-        const uint64_t t = chi_port::timer_ns();
-        const uint64_t quiet_us = (t - keep_since) / 1000u;
-        chi_port::ll_store8(l->diag + CHI_DIAG_ASIDE_WHY,
-                            (rang ? 1u : 0u) | (keep_in_use ? 2u : 0u) | (quiet_us << 32));
-        chi_port::ll_store8(l->diag + CHI_DIAG_ASIDE_AT, t);
-        uint64_t n = 0, by_bell = 0, in_use = 0;
-        chi_port::ll_load16(l->diag + CHI_DIAG_ASIDE_BELL, &by_bell, &in_use);
-        n = chi_port::ll_load8(l->diag + CHI_DIAG_ASIDE_N);
-        chi_port::ll_store16(l->diag + CHI_DIAG_ASIDE_BELL, by_bell + (rang ? 1u : 0u), in_use + (keep_in_use ? 1u : 0u));
-        chi_port::ll_store8(l->diag + CHI_DIAG_ASIDE_N, n + 1u);
-      }
+      if (step_aside && !stop && lane == 0 && l->diag) diag_step_aside(l, rang, keep_in_use, keep_since);
       if (step_aside && !stop) close_and_drain<D>(st, lane, gw, epoch, in, out);
-      if (keeper && lane == 0 && l->diag) {
-        const uint64_t t_end = chi_port::timer_ns();
-        chi_port::ll_store8(l->diag + CHI_DIAG_END_AT, t_end);
-        uint64_t sum = 0, count = 0;
-        chi_port::ll_load16(l->diag + CHI_DIAG_LAUNCH_NS, &sum, &count);
-        chi_port::ll_store16(l->diag + CHI_DIAG_LAUNCH_NS, sum + (t_end - t_start), count + 1u);
-        chi_port::ll_store8(l->diag + CHI_DIAG_END,
-                            (epoch << 8) | (stop   ? CHI_DIAG_END_STOP
-                                            : rang ? CHI_DIAG_END_BELL
-                                                   : CHI_DIAG_END_LEASE));
-      }
+      if (keeper && lane == 0 && l->diag)
+        diag_launch_end(l, t_start, epoch, stop ? CHI_DIAG_END_STOP : rang ? CHI_DIAG_END_BELL : CHI_DIAG_END_LEASE);
       break;
     }
     if (ran) {
