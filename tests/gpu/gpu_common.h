@@ -142,7 +142,10 @@ static inline uint64_t gt_realtime_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* One line with every diag word decoded; `now` (host realtime) gives ages. */
+/* One line with every diag word decoded; `now` (host realtime) gives ages.
+ * The launch and keeper ages compare %globaltimer stamps with the host's
+ * clock: they are off by the clocks' offset (hundreds of us on an H200,
+ * device_layout.h); compare them with each other. */
 static inline std::string gt_diag_line(const volatile uint64_t *d, uint64_t now) {
   if (!d) return "(no diag words)";
   static const char *const phases[] = {"?", "idle", "sleep", "queue", "wait-end", "lock"};
