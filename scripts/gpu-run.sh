@@ -10,7 +10,9 @@
 #
 # Environment: GPU_RUN_STEPS (default "build test timing sanitize cputest";
 # "ctestgpu": the whole `ctest -L gpu` with defaults; "breakdown": gpu_breakdown,
-# where each route's time goes; "payloads": chimaera-bench at 8, 64, 1024 and
+# where each route's time goes; "lease": the GPU-host clock offset and the
+# lease's launches, step-asides and successor timing at 4 KiB (lease.txt);
+# "payloads": chimaera-bench at 8, 64, 1024 and
 # 4096 bytes, bench-pN.txt and bench-pN.json each, tarred)
 # picks steps; GPU_RUN_JOBS (default 16); GPU_RUN_BUDGET (seconds, default
 # 250): each step is bounded by what is left of it and skipped (with a note)
@@ -92,6 +94,21 @@ if has breakdown && enough 60 "gpu_breakdown"; then
     timeout "$(bound 150)" "$BUILD/tests/gpu_breakdown" ${GPU_RUN_BREAKDOWN_ITERS:-20000} >"$OUT/breakdown.txt" 2>&1
   note "gpu_breakdown rc=$? ($(( $(date +%s) - t0 )) s):"
   cat "$OUT/breakdown.txt" >>"$SUMMARY"
+fi
+
+if has lease && enough 70 "lease timing"; then
+  # The lease's timing (docs/gpu.md, "Coexisting with other CUDA code"): the
+  # GPU's and the host's clocks, then chimaera-bench at 4 KiB (routes idle
+  # between tasks while its kernels check each echo) with the orchestrator's
+  # launches and step-asides per GPU row and the lease thread's counters.
+  t0=$(date +%s)
+  LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64 \
+    timeout 30 "$BUILD/tests/gpu_breakdown" 1000 2>&1 | grep "clock offset" >"$OUT/lease.txt"
+  CHI_LOG_LEVEL=debug CHI_BENCH_LEASE=1 LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64 \
+    timeout "$(bound 100)" "$BUILD/src/tools/chimaera-bench" --iters 20000 --warmup 2000 --tput-tasks 100000 \
+    --payload 4096 >>"$OUT/lease.txt" 2>&1
+  note "lease timing rc=$? ($(( $(date +%s) - t0 )) s):"
+  grep -E "clock offset|launches|successors|FAILED|^gpu0->" "$OUT/lease.txt" >>"$SUMMARY"
 fi
 
 if has payloads && enough 60 "chimaera-bench payload rows"; then
