@@ -449,15 +449,10 @@ void GpuDevice::fail_locked(const char *what) {
 // keeper found none queued at its lease's end and stepped aside (a submit
 // that then waited over two leases for the next launch answered
 // CHI_ERR_AGAIN: chimaera-bench's 1 and 4 KiB GPU->GPU rows, the GPU soak).
-// %globaltimer is not the host's clock: on an H200 (2026-11-27) it ran
-// 563-725 us ahead of CLOCK_REALTIME, drifting, so a stamp compared with the
-// host's clock looked like a start in the future and 19,966 of 20,376
-// launches fell back to the sighting.  So the offset is learned from the
-// stamps themselves: a launch queued behind another starts when that one
-// ends, and every sighting is that start plus a delay of a few to some
-// hundred us; the least (sighting - stamp) seen so far is the offset plus
-// the least delay.  It is let rise by 1 us per launch (the clocks drift
-// some ppm, and an early low reading must not stay forever).  Falls back to
+// %globaltimer is not the host's clock (563-725 us ahead of CLOCK_REALTIME
+// on an H200, drifting): read against the host's clock, 19,966 of 20,376
+// stamps looked like starts in the future and those launches fell back to
+// the sighting.  LeaseClock learns the offset from the stamps.  Falls back to
 // now when the stamp is not launch k's.
 int64_t GpuDevice::started_at(uint64_t k) {
   const int64_t now = now_ns();
@@ -465,11 +460,7 @@ int64_t GpuDevice::started_at(uint64_t k) {
     ++start_unstamped_;
     return now;
   }
-  const int64_t at = int64_t(__atomic_load_n(&diag_[CHI_DIAG_START_AT], __ATOMIC_RELAXED));
-  const int64_t d = now - at;  // offset between the clocks, plus this sighting's delay
-  offset_ = offset_known_ ? std::min(offset_ + 1000, d) : d;
-  offset_known_ = true;
-  return std::min(now, at + offset_);
+  return start_clock_.start(now, int64_t(__atomic_load_n(&diag_[CHI_DIAG_START_AT], __ATOMIC_RELAXED)));
 }
 
 void GpuDevice::lease_phase(uint64_t phase, uint64_t n) {

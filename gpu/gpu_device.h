@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "chimaera_device.h"
+#include "core/lease_clock.h"
 #include "core/memory_regions.h"
 #include "gpu/cpu_poller.h"
 #include "gpu/cuda_api.h"
@@ -142,10 +143,7 @@ class GpuDevice {
   uint64_t lease_ahead_[4] = {0, 0, 0, 0};
   uint64_t lease_woke_late_ = 0;
   uint64_t start_unstamped_ = 0;
-  // started_at: now_ns() minus %globaltimer at a launch's start, least seen
-  // (the lease thread only).
-  int64_t offset_ = 0;
-  bool offset_known_ = false;
+  LeaseClock start_clock_;  // started_at's clock offset (the lease thread only)
   std::atomic<bool> lease_quit_{false};
   std::atomic<uint64_t> launches_{0};  // kernel launches so far
   int64_t launched_at_ = 0;            // now_ns() when the newest launch started, about

@@ -6,3 +6,6 @@ target_include_directories(test_idle PRIVATE ${PROJECT_SOURCE_DIR}/src)
 # the stealer's delay, and threads with a blocked poller over a fake ring.
 chi_add_test(test_poll_claims SOURCES test_poll_claims.cpp TIMEOUT 240 LABELS core)
 target_include_directories(test_poll_claims PRIVATE ${PROJECT_SOURCE_DIR}/src)
+# The lease thread's clock offset (src/core/lease_clock.h), simulated clocks.
+chi_add_test(test_lease_clock SOURCES test_lease_clock.cpp TIMEOUT 60 LABELS core)
+target_include_directories(test_lease_clock PRIVATE ${PROJECT_SOURCE_DIR}/src)
