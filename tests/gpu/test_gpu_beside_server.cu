@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "../spawn.h"
 #include "chimaera.h"
 
 static volatile sig_atomic_t g_stop;
@@ -119,22 +120,7 @@ static int load(const char *address) {
   return bad == 0 && ok > 0 ? 0 : 1;
 }
 
-static pid_t spawn(const std::vector<std::string> &args, const char *log) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    if (log) {
-      FILE *f = freopen(log, "w", stdout);
-      (void)f;
-      dup2(STDOUT_FILENO, STDERR_FILENO);
-    }
-    std::vector<char *> argv;
-    for (const auto &a : args) argv.push_back(const_cast<char *>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  return pid;
-}
+static pid_t spawn(const std::vector<std::string> &args, const char *log) { return chi_test_spawn(args, log); }
 
 static int wait_status(pid_t pid) {
   int st = 0;

@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "../spawn.h"
 #include "chimaera.h"
 #include "chimaera_device.h"
 
@@ -524,24 +525,12 @@ static int latency(const char *address) {
 
 static pid_t spawn(const std::vector<std::string> &args, int *out_fd, const char *log = nullptr) {
   int fds[2] = {-1, -1};
-  if (out_fd && pipe(fds) != 0) return -1;
-  pid_t pid = fork();
-  if (pid == 0) {
-    if (log && freopen(log, "a", stdout)) dup2(STDOUT_FILENO, STDERR_FILENO);
-    if (out_fd) {
-      dup2(fds[1], STDOUT_FILENO);
-      close(fds[0]);
-      close(fds[1]);
-    }
-    std::vector<char *> argv;
-    for (const auto &a : args) argv.push_back(const_cast<char *>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
+  if (out_fd && pipe2(fds, O_CLOEXEC) != 0) return -1;
+  const pid_t pid = chi_test_spawn(args, log, true, out_fd ? fds[1] : -1);
   if (out_fd) {
     close(fds[1]);
-    *out_fd = fds[0];
+    if (pid < 0) close(fds[0]);
+    else *out_fd = fds[0];
   }
   return pid;
 }
