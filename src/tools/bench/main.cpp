@@ -82,6 +82,8 @@ void usage(std::FILE *out) {
       "  --wake-samples N  wake-up round trips, each on another client (default 5)\n"
       "  --help          this text\n"
       "\n"
+      "Environment: CHI_BENCH_LEASE=1 prints, for each GPU row, the orchestrator's launches,\n"
+      "their mean length and its step-asides (docs/gpu.md, \"Coexisting with other CUDA code\").\n\n"
       "Exit status: 0 every row measured, 1 some row failed, 2 usage or start-up error.\n");
 }
 
