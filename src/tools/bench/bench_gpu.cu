@@ -787,24 +787,23 @@ void lease_note(const Gpu &g, const LeaseMark &m0, const chi_bench_row *row) {
                static_cast<unsigned long long>(m1.in_use - m0.in_use));
 }
 
-// asides0: CHI_DIAG_ASIDE_N when the row started.  A CHI_ERR_AGAIN names
-// the orchestrator's step-asides meanwhile (a submit waits at most two
-// leases for the next launch, docs/gpu.md).
-bool route_ok(const RouteOut &o, chi_bench_row *row, const Gpu &g, uint64_t asides0) {
+// mark: the diag words when the row started.  A CHI_ERR_AGAIN names the
+// orchestrator's step-asides meanwhile (a submit waits at most two leases
+// for the next launch, docs/gpu.md).
+bool route_ok(const RouteOut &o, chi_bench_row *row, const Gpu &g, const LeaseMark &mark) {
   if (o.where == 0) return true;
   char why[256] = "";
   if (o.status == CHI_ERR_AGAIN) {
     const uint64_t w = diag_word(g, CHI_DIAG_ASIDE_WHY);
     std::snprintf(why, sizeof why, "; orchestrator stepped aside %llu times in this row (the runtime's "
                   "total: %llu, %llu for the bell, %llu with slots in use; last: %s, slots %s, routes quiet %llu us)",
-                  static_cast<unsigned long long>(diag_word(g, CHI_DIAG_ASIDE_N) - asides0),
+                  static_cast<unsigned long long>(diag_word(g, CHI_DIAG_ASIDE_N) - mark.asides),
                   static_cast<unsigned long long>(diag_word(g, CHI_DIAG_ASIDE_N)),
                   static_cast<unsigned long long>(diag_word(g, CHI_DIAG_ASIDE_BELL)),
                   static_cast<unsigned long long>(diag_word(g, CHI_DIAG_ASIDE_IN_USE)),
                   (w & 1u) ? "bell" : "lease, successor not queued", (w & 2u) ? "in use" : "free",
                   static_cast<unsigned long long>(w >> 32));
   }
-
   chi_bench_row_fail(row, o.status, "%s: %s (task %llu)%s", where_name(o.where),
                      chi_status_string(o.status), o.index, why);
   return false;
@@ -837,7 +836,6 @@ void gpu_latency(Gpu &g, chi_route_t route, const chi_bench_options &opt, chi_be
   cudaSetDevice(g.ordinal);
   RouteOut o{};
   const LeaseMark mark = lease_mark(g);
-  const uint64_t asides0 = mark.asides;
   const uint32_t stride = stride_of(opt.payload);
   cudaError_t e = cudaMemsetAsync(g.out, 0, sizeof(RouteOut), g.stream);
   if (e == cudaSuccess) {
@@ -862,7 +860,7 @@ void gpu_latency(Gpu &g, chi_route_t route, const chi_bench_options &opt, chi_be
     g.error = row->error;  // a faulted context fails every later row too
     return;
   }
-  if (!route_ok(o, row, g, asides0)) return;
+  if (!route_ok(o, row, g, mark)) return;
   if (o.done == 0) {
     chi_bench_row_fail(row, CHI_ERR_TIMEOUT, "no timed round trip within %.0f s (%llu warm-up)",
                        double(mode.budget_ns) / 1e9, static_cast<unsigned long long>(opt.warmup));
@@ -886,7 +884,6 @@ bool tput_run(Gpu &g, chi_route_t route, const chi_bench_options &opt, uint32_t 
   RouteOut init{};
   init.t_start = ~0ull;
   const LeaseMark mark = lease_mark(g);
-  const uint64_t asides0 = mark.asides;
   uint32_t blocks, threads;
   grid_for(g, nwarps, &blocks, &threads);
   cudaError_t e = cudaMemcpyAsync(g.out, &init, sizeof init, cudaMemcpyHostToDevice, g.stream);
@@ -905,7 +902,7 @@ bool tput_run(Gpu &g, chi_route_t route, const chi_bench_options &opt, uint32_t 
     g.error = row->error;
     return false;
   }
-  return route_ok(*o, row, g, asides0);
+  return route_ok(*o, row, g, mark);
 }
 
 void gpu_throughput(Gpu &g, chi_route_t route, const chi_bench_options &opt, uint32_t nwarps,
