@@ -201,10 +201,16 @@ CHI_DEVICE_NOINLINE uint64_t run_local_task(const chi_dev_orch_state_t *st, uint
   r.source = l->gpu;
   r.input = in;
   r.input_size = input_size;
-  r.output = out;
+  /* The handler writes straight into the slot's plain output area (this
+   * task's until its reply is published): an output over 64 bytes is then
+   * already where the waiter reads it; one of 64 or less is read back from
+   * there into LL words. */
+  uint8_t *const dst = d2d_out(l, slot);
+  r.output = dst;
   r.output_capacity = l->max_payload;
   r.output_size = 0;
   r.ctx = &st->ctx;
+  (void)out;
   chi_status_t s = CHI_OK;
   if (input_size > l->max_payload) {
     s = CHI_ERR_PROTOCOL;
@@ -232,14 +238,10 @@ CHI_DEVICE_NOINLINE uint64_t run_local_task(const chi_dev_orch_state_t *st, uint
   const uint32_t osize = s == CHI_ERR_PROTOCOL ? 0u : r.output_size;
   if (osize <= CHI_DEV_D2D_LL_BYTES) {
     if (lane < round_words(osize))
-      chi_port::ll_store8_dev(d2d_out_ll(l, slot) + lane, ll_pack(reinterpret_cast<const uint32_t *>(out)[lane], gen));
+      chi_port::ll_store8_dev(d2d_out_ll(l, slot) + lane, ll_pack(reinterpret_cast<const uint32_t *>(dst)[lane], gen));
   } else {
-    /* Plain bytes: the reply words wait for the pass's one release fence
-     * (serve_bells), so a pass of large tasks pays one fence, not one each. */
-    uint8_t *dst = d2d_out(l, slot);
-    for (uint32_t i = 16u * lane; i < osize; i += 16u * CHI_WARP_SIZE)
-      *reinterpret_cast<uint4 *>(dst + i) = *reinterpret_cast<const uint4 *>(out + i);
-    chi_port::syncwarp();
+    /* Plain bytes, in place: the reply words wait for the pass's one release
+     * fence (serve_bells), so a pass of large tasks pays one fence, not one each. */
     return (static_cast<uint64_t>(osize) << 32) | static_cast<uint32_t>(s);
   }
   chi_port::syncwarp();
