@@ -14,7 +14,8 @@
 #
 # Environment: BUILD (default build-gpu), SERVER_BENCH_ITERS (default 50000),
 # SERVER_BENCH_MS (default 500), VARIANTS (the ';'-separated settings of the
-# sweep-only runs, each a list of VAR=VALUE).
+# sweep-only runs, each a list of VAR=VALUE), VARIANTS_PARTS (default
+# "default variants idle": which of the three parts run).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-gpu}
@@ -28,14 +29,19 @@ export SERVER_BENCH_ITERS=${SERVER_BENCH_ITERS:-50000} SERVER_BENCH_MS=${SERVER_
 rows='^\| (1|8|64|256) \||^256 clients|^Idle|^Raw floor|^\| (shm|ipc|tcp|tcp-curve)|^ok'
 
 note "== gpu-server-variants on $(hostname), $(date -u +%FT%TZ), $(nproc) CPUs, $(git log -1 --format=%h 2>/dev/null || echo tree)"
-note ""
-note "== default configuration (every transport)"
-OUT=$OUT/default timeout 240 bash scripts/server-bench.sh "$BUILD" >"$OUT/default.log" 2>&1
-note "rc=$?"
-grep -E "$rows" "$OUT/default/server-bench.txt" 2>/dev/null | tee -a "$SUMMARY"
+PARTS=${VARIANTS_PARTS:-default variants idle}
+part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
+if part default; then
+  note ""
+  note "== default configuration (every transport)"
+  OUT=$OUT/default timeout 240 bash scripts/server-bench.sh "$BUILD" >"$OUT/default.log" 2>&1
+  note "rc=$?"
+  grep -E "$rows" "$OUT/default/server-bench.txt" 2>/dev/null | tee -a "$SUMMARY"
+fi
 
 VARIANTS=${VARIANTS:-"CHI_SERVER_SPIN_NS=1000000;CHI_SERVER_YIELD_NS=1000000"}
 IFS=';' read -r -a sets <<<"$VARIANTS"
+part variants || sets=()
 for s in "${sets[@]}"; do
   name=$(echo "$s" | tr ' =' '_-')
   read -r -a envs <<<"$s"
@@ -47,6 +53,7 @@ for s in "${sets[@]}"; do
   grep -E "$rows" "$OUT/$name/server-bench.txt" 2>/dev/null | tee -a "$SUMMARY"
 done
 
+part idle || exit 0
 note ""
 GPU_IDLE_PARTS="idle" GPU_IDLE_SETTINGS="default;CHI_GPU_IDLE_LEASE_US=20000" OUT=$OUT/idle \
   timeout 120 bash scripts/gpu-idle-ab.sh >"$OUT/idle.log" 2>&1
