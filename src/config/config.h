@@ -31,7 +31,7 @@ struct GpuConfig {
 
 struct ServerConfig {
   std::vector<std::string> listen;   // addresses to serve; empty: this user's default server
-  uint32_t pollers = 0;              // threads polling client rings; 0: 1 per 4 CPUs (1..8), 1..64
+  uint32_t pollers = 0;              // threads polling client rings; 0: 1 per CPU (1..64), 1..64
   uint32_t client_slots = 1024;      // task slots (= ring depth) per client, power of two, 2..1<<16
   uint32_t max_clients = 1024;       // client sessions at once, 1..65536
   uint32_t client_max_in_flight = 0; // server task slots one client may hold; 0: queue_depth / 4, at most 1024

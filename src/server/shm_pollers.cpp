@@ -54,7 +54,12 @@ PollerPool::PollerPool(Service &service, int control_wake_fd) : svc_(service), c
 PollerPool::~PollerPool() { stop(); }
 
 chi_status_t PollerPool::start(unsigned n) {
-  if (n == 0) n = std::clamp(std::thread::hardware_concurrency() / 4, 1u, 8u);
+  // One per CPU by default: a poller's per-task work (the client's cache
+  // lines, the built-in handler) bounds how many sessions it serves, and on
+  // the 16-CPU host 4 pollers held 256 one-at-a-time clients to a third of
+  // the sweep's peak with a p99 of 8 ms, 16 to 72% and 7.6 us.  An idle
+  // poller sleeps in epoll_wait and costs nothing.
+  if (n == 0) n = std::clamp(std::thread::hardware_concurrency(), 1u, 64u);
   for (unsigned i = 0; i < n; ++i) {
     auto p = std::make_unique<Poller>();
     p->epfd = epoll_create1(EPOLL_CLOEXEC);

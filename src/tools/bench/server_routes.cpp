@@ -250,7 +250,7 @@ void raw_floors(const chi_bench_options &opt, const ServerOptions &so, ServerRep
   // shm_pollers.cpp's default when the server does not say.
   rep->raw_threads = rep->server_pollers
                          ? rep->server_pollers
-                         : std::clamp(std::thread::hardware_concurrency() / 4, 1u, 8u);
+                         : std::clamp(std::thread::hardware_concurrency(), 1u, 64u);
   raw_default_spins(&rep->raw_client_spin_ns, &rep->raw_server_spin_ns);
   o.threads = rep->raw_threads;
   o.client_spin_ns = rep->raw_client_spin_ns;
