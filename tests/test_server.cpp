@@ -1078,6 +1078,43 @@ void test_gpu_route_through_server(void **) {
   assert_status(CHI_OK, chi_finalize(rt));
 }
 
+// shm://: a new client goes to the poller with the fewest clients, so that
+// clients that come and go leave no poller with many while another has none
+// (round-robin would put the two new ones below on pollers 0 and 1: 1 and 3).
+// The status lists each client's poller.
+void test_poller_balance(void **) {
+  if (g_transport != "shm") return skip();  // ZeroMQ sessions have no poller
+  ServerFixture f = start_server("server:\n  pollers: 2\n");
+  chi_runtime_t *c[4];
+  for (auto &x : c) x = connect_client(f.address);
+  auto on_poller = [&](int k) {
+    char reply[8192];
+    assert_status(CHI_OK, chi_server_query(f.address.c_str(), "status-json", reply, sizeof reply, nullptr));
+    assert_non_null(strstr(reply, "\"pollers\":2,"));
+    const std::string key = "\"poller\":" + std::to_string(k) + "}";
+    int n = 0;
+    for (const char *p = reply; (p = strstr(p, key.c_str())) != nullptr; p += key.size()) ++n;
+    return n;
+  };
+  assert_int_equal(on_poller(0), 2);
+  assert_int_equal(on_poller(1), 2);
+  // Clients 0 and 2 went to poller 0 (turns, then ties): it is left empty.
+  assert_status(CHI_OK, chi_finalize(c[0]));
+  assert_status(CHI_OK, chi_finalize(c[2]));
+  assert_true(settle(f.rt, 2));
+  assert_int_equal(on_poller(0), 0);
+  assert_int_equal(on_poller(1), 2);
+  c[0] = connect_client(f.address);
+  c[2] = connect_client(f.address);
+  assert_int_equal(on_poller(0), 2);
+  assert_int_equal(on_poller(1), 2);
+  for (auto &x : c) {
+    assert_int_equal(add(x, 40, 2), 42);
+    assert_status(CHI_OK, chi_finalize(x));
+  }
+  assert_status(CHI_OK, chi_finalize(f.rt));
+}
+
 // 64 client processes connected at once, each checking every result.
 void test_many_clients(void **) {
   ServerFixture f = start_server();
@@ -1549,6 +1586,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_gpu_mem_messages),
       cmocka_unit_test(test_malformed_frames),
       cmocka_unit_test(test_curve),
+      cmocka_unit_test(test_poller_balance),
       cmocka_unit_test(test_many_clients),
       cmocka_unit_test(test_churn),
       cmocka_unit_test(test_gpu_route_through_server),

@@ -22,6 +22,7 @@ struct ClientRow {
   unsigned uid;
   uint64_t submitted, finished;
   uint32_t in_flight;
+  int poller;  // the shm poller that serves it; -1: none (ZeroMQ)
 };
 
 class Listener {

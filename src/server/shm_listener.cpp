@@ -404,7 +404,8 @@ void ShmListener::rows(std::vector<ClientRow> *out) {
   std::lock_guard<std::mutex> lock(sessions_mu_);
   for (Session *s : sessions_)
     if (s->kind() == ipc::kSessionTasks)
-      out->push_back({s->id(), int(s->pid()), unsigned(s->uid()), s->submitted(), s->finished(), s->in_flight()});
+      out->push_back({s->id(), int(s->pid()), unsigned(s->uid()), s->submitted(), s->finished(), s->in_flight(),
+                      s->registered ? int(s->poller) : -1});
 }
 
 }  // namespace chi

@@ -23,10 +23,12 @@ class PollerPool {
   // control_wake_fd: signalled when a poller sees a session die.
   PollerPool(Service &service, int control_wake_fd);
   ~PollerPool();
-  // Makes n pollers (0: one per 4 CPUs, 1..8) and starts their threads.
+  // Makes n pollers (0: one per CPU, 1..64) and starts their threads.
   chi_status_t start(unsigned n);
-  // Gives the session to a poller (its doorbell joins that poller's epoll
-  // set); sets the thread's message on failure.
+  // Gives the session to the poller with the fewest sessions (ties: the
+  // next in turn), so that clients that come and go leave no poller with
+  // many while another has none; its doorbell joins that poller's epoll
+  // set.  Sets the thread's message on failure.
   chi_status_t add(Session *s);
   // Takes the session back; it may be freed once dropped() says so.
   void remove(Session *s);
@@ -35,6 +37,8 @@ class PollerPool {
   void wake_all();
   void stop();  // ends and joins the threads
   size_t size() const { return pollers_.size(); }
+  // Sessions given to poller i and not removed (for the status).
+  uint32_t sessions_of(size_t i) const;
 
  private:
   struct Poller;

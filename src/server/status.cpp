@@ -73,11 +73,14 @@ std::string status_text(Service &service, bool json) {
     out += orch_json + "],\"mps\":" + (mps ? "true" : "false") + ",\"clients\":[";
     for (size_t i = 0; i < rows.size(); ++i) {
       snprintf(line, sizeof line,
-               "%s{\"id\":%u,\"pid\":%d,\"uid\":%u,\"submitted\":%llu,\"finished\":%llu,\"in_flight\":%u}",
+               "%s{\"id\":%u,\"pid\":%d,\"uid\":%u,\"submitted\":%llu,\"finished\":%llu,\"in_flight\":%u",
                i ? "," : "", rows[i].id, rows[i].pid, rows[i].uid,
                (unsigned long long)rows[i].submitted, (unsigned long long)rows[i].finished,
                rows[i].in_flight);
       out += line;
+      // shm:// clients only: which poller serves them.
+      if (rows[i].poller >= 0) out += ",\"poller\":" + std::to_string(rows[i].poller);
+      out += "}";
     }
     out += "],\"routes\":{";
     for (int r = 0; r < 3; ++r) {
@@ -105,10 +108,12 @@ std::string status_text(Service &service, bool json) {
            st.gpus);
   out += line;
   out += orch_text + ")\nserving:  " + addrs + "\nclients:  " + std::to_string(rows.size()) + "\n";
-  if (!rows.empty()) out += "  id      pid      uid    submitted     finished  in-flight\n";
+  if (!rows.empty()) out += "  id      pid      uid    submitted     finished  in-flight  poller\n";
   for (const ClientRow &r : rows) {
-    snprintf(line, sizeof line, "  %-6u %-8d %-6u %10llu %12llu %10u\n", r.id, r.pid, r.uid,
-             (unsigned long long)r.submitted, (unsigned long long)r.finished, r.in_flight);
+    char poller[16] = "-";
+    if (r.poller >= 0) snprintf(poller, sizeof poller, "%d", r.poller);
+    snprintf(line, sizeof line, "  %-6u %-8d %-6u %10llu %12llu %10u  %6s\n", r.id, r.pid, r.uid,
+             (unsigned long long)r.submitted, (unsigned long long)r.finished, r.in_flight, poller);
     out += line;
   }
   out += "route     submitted   completed      failed  in-flight     p50 ns     p99 ns\n";

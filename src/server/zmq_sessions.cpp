@@ -28,7 +28,7 @@ void ZmqListener::rows(std::vector<ClientRow> *out) {
   std::lock_guard<std::mutex> lock(sessions_mu_);
   for (auto &kv : sessions_)
     if (kv.second.tasks)
-      out->push_back({kv.second.id, -1, unsigned(-1), kv.second.submitted, kv.second.finished, kv.second.in_flight});
+      out->push_back({kv.second.id, -1, unsigned(-1), kv.second.submitted, kv.second.finished, kv.second.in_flight, -1});
 }
 
 void ZmqListener::reply(const std::string &identity, ipc::Kind kind, uint64_t id, int32_t status, const void *p,
