@@ -185,7 +185,9 @@ bool GpuTasks::reap() {
   return tasks_.size() < before;
 }
 
-void Service::finished(chi_status_t status, int64_t taken_ns) { stats_.finished(status, now_ns() - taken_ns); }
+void Service::finished(chi_status_t status, int64_t taken_ns) {
+  stats_.finished(status, taken_ns < 0 ? -1 : now_ns() - taken_ns);
+}
 
 bool Service::cancel(uint32_t eslot, uint32_t egen) { return rt_.cpu().cancel_remote(eslot, egen); }
 

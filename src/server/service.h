@@ -113,7 +113,8 @@ class Service {
   // handler runs on it).  Every take but kBusy counts as submitted.
   Take take(uint32_t method, int32_t route, const void *input, uint32_t size, bool shared_input, void *out,
             size_t out_capacity, RemoteSink *sink, uint64_t cookie, GpuTasks *gpu);
-  // A task's result reached its client (taken_ns: when take() had it).
+  // A task's result reached its client (taken_ns: when take() had it; < 0:
+  // the task was not timed, see RouteStats::sample).
   void finished(chi_status_t status, int64_t taken_ns);
   // Cancels a CPU task (Take::eslot/egen) that no worker has started: true
   // when it will never run and the sink never hears of it; the caller then

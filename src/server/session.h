@@ -95,7 +95,7 @@ class Session final : public RemoteSink {
   // Per slot, server-private: 1 while the task is with the server, and when
   // it was taken (latency statistics).
   std::unique_ptr<std::atomic<uint8_t>[]> busy_;
-  std::unique_ptr<int64_t[]> taken_ns_;
+  std::unique_ptr<int64_t[]> taken_ns_;  // when a timed task was taken; -1: not timed
   // Per slot, a CPU task's executor slot and generation for cancel_queued
   // (kTicket | eslot << 32 | egen; 0: none), and the client slot's generation.
   std::unique_ptr<std::atomic<uint64_t>[]> ticket_;
