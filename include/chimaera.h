@@ -399,10 +399,12 @@ CHI_API chi_status_t chi_mem_resolve(chi_runtime_t *rt, const chi_mem_ref_t *ref
 /* Counters of one route (see chi_stats).  The counts are exact.  Latencies
  * run from submission to the end of the handler, from a log-linear histogram
  * (each figure is the upper edge of its bucket: at most ~19% above the true
- * value); 0 when no task of the route was timed.  On CHI_STATS_CPU they are
- * sampled: each submitting thread times its first task and then one in 64
- * (two clock reads per timed task), so latency_max_ns is the largest of the
- * sampled tasks. */
+ * value); 0 when no task of the route was timed.  On CHI_STATS_CPU and
+ * CHI_STATS_CLIENT they are sampled: each submitting thread (for client
+ * tasks, each server thread that takes them) times its first task and then
+ * one in 64 (two clock reads per timed task), so latency_max_ns is the
+ * largest of the sampled tasks.  On CHI_STATS_CLIENT they run from when the
+ * server took the task to when its result was published. */
 typedef struct chi_route_stats {
   uint64_t submitted;      /* tasks accepted                               */
   uint64_t completed;      /* tasks finished with CHI_OK                   */
