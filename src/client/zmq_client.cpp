@@ -130,6 +130,7 @@ chi_status_t ZmqClient::open(bool control) {
   try {
     io_busy_spin_ns_ = wait_yield_ns();
     io_idle_spin_ns_ = wait_spin_ns();
+    gather_ns_ = int64_t(cfg_.client_gather_us) * 1000;
     io_ = std::thread(&ZmqClient::io_main, this);
   } catch (const std::exception &e) {
     return set_error(CHI_ERR_NOMEM, "cannot start the client's I/O thread: %s", e.what());
@@ -282,13 +283,11 @@ bool ZmqClient::io_gather() {
   // sleeping one already gathers what came while it slept.  With many
   // results due, a message per turn would carry a task or two, and libzmq
   // (CURVE most: it seals each message) costs per message; so submits wait
-  // until kGatherTasks are queued or the first has waited kGatherNs.  A
+  // until kGatherTasks are queued or the first has waited client_gather_us.  A
   // control frame, or few results due (round trips), go at once.
   constexpr uint32_t kGatherInFlight = 32;
   constexpr uint32_t kGatherTasks = 32;
-  constexpr int64_t kGatherNs = 20000;
-  static const bool off = getenv("CHI_TMP_NO_GATHER") != nullptr;
-  if (off || !io_awake_.load(std::memory_order_relaxed) || io_outstanding_ < kGatherInFlight ||
+  if (gather_ns_ == 0 || !io_awake_.load(std::memory_order_relaxed) || io_outstanding_ < kGatherInFlight ||
       out_control_ready_.load(std::memory_order_acquire) ||
       out_tasks_.load(std::memory_order_acquire) >= kGatherTasks || !backlog_.empty()) {
     gather_since_ = 0;
@@ -297,7 +296,7 @@ bool ZmqClient::io_gather() {
   if (!out_ready_.load(std::memory_order_acquire)) return false;  // nothing queued: the send is a no-op
   const int64_t now = now_ns();
   if (gather_since_ == 0) gather_since_ = now;
-  if (now - gather_since_ < kGatherNs) return true;
+  if (now - gather_since_ < gather_ns_) return true;
   gather_since_ = 0;
   return false;
 }
