@@ -42,6 +42,10 @@ ZmqClient::~ZmqClient() {
     quit_.store(true, std::memory_order_release);
     wake_io();
     io_.join();
+    // How many tasks a message carried (client_gather_us; the I/O thread has ended).
+    if (io_task_msgs_)
+      log(LogLevel::kDebug, "ZeroMQ client of %s: %llu task(s) in %llu message(s), %llu turn(s) held", address_.c_str(),
+          (unsigned long long)io_tasks_sent_, (unsigned long long)io_task_msgs_, (unsigned long long)io_held_);
   }
   if (monitor_) zmq_close(monitor_);
   if (dealer_) zmq_close(dealer_);
@@ -296,7 +300,10 @@ bool ZmqClient::io_gather() {
   if (!out_ready_.load(std::memory_order_acquire)) return false;  // nothing queued: the send is a no-op
   const int64_t now = now_ns();
   if (gather_since_ == 0) gather_since_ = now;
-  if (now - gather_since_ < gather_ns_) return true;
+  if (now - gather_since_ < gather_ns_) {
+    ++io_held_;
+    return true;
+  }
   gather_since_ = 0;
   return false;
 }
@@ -318,12 +325,14 @@ uint32_t ZmqClient::io_send_queued() {
     ctl.swap(out_control_);
   }
   io_outstanding_ += uint32_t(slots.size());
-  auto send_or_keep = [&](std::string &&frame) {
+  io_tasks_sent_ += slots.size();
+  auto send_or_keep = [&](std::string &&frame, bool tasks) {
+    io_task_msgs_ += tasks;
     if (!backlog_.empty() || zmq_send(dealer_, frame.data(), frame.size(), ZMQ_DONTWAIT) < 0)
       backlog_.push_back(std::move(frame));  // bounded: at most one frame per slot
   };
   const uint32_t moved = uint32_t(slots.size()) + (ctl.empty() ? 0u : 1u);
-  if (!ctl.empty()) send_or_keep(std::move(ctl));
+  if (!ctl.empty()) send_or_keep(std::move(ctl), false);
   // The submits queued since the last turn leave as batches: one message
   // part of up to kBatchBytes per batch (libzmq's cost is per message).
   std::string batch;
@@ -338,11 +347,11 @@ uint32_t ZmqClient::io_send_queued() {
     f.size = uint32_t(s.data.size());
     ipc::append_frame(f, &batch);
     if (batch.size() >= ipc::kBatchBytes) {
-      send_or_keep(std::move(batch));
+      send_or_keep(std::move(batch), true);
       batch.clear();
     }
   }
-  if (!batch.empty()) send_or_keep(std::move(batch));
+  if (!batch.empty()) send_or_keep(std::move(batch), true);
   return moved;
 }
 
