@@ -82,10 +82,6 @@ chi_status_t PollerPool::start(unsigned n) {
   return CHI_OK;
 }
 
-uint32_t PollerPool::sessions_of(size_t i) const {
-  return i < pollers_.size() ? pollers_[i]->load.load(std::memory_order_relaxed) : 0;
-}
-
 chi_status_t PollerPool::add(Session *s) {
   // Sessions come and go on the control thread only: the loads are stable.
   const uint32_t n = uint32_t(pollers_.size());

@@ -37,8 +37,6 @@ class PollerPool {
   void wake_all();
   void stop();  // ends and joins the threads
   size_t size() const { return pollers_.size(); }
-  // Sessions given to poller i and not removed (for the status).
-  uint32_t sessions_of(size_t i) const;
 
  private:
   struct Poller;
