@@ -161,7 +161,9 @@ void PollerPool::main(Poller *p) {
   // default): under more runnable clients than CPUs a poller that does not
   // sleep spares them the doorbell and itself the wake-up.
   const int64_t yield_end_ns = spin_ns + svc_.runtime().config().server.yield_ns;
-  int64_t idle_since = now_ns();
+  // The first pass without work since the last pass with some (0: the last
+  // pass had work): a pass that finds work reads no clock (20-50 ns a read).
+  int64_t idle_since = 0;
   epoll_event events[64];
   while (!quit_.load(std::memory_order_acquire)) {
     if (p->changed.exchange(false, std::memory_order_seq_cst)) {
@@ -184,10 +186,12 @@ void PollerPool::main(Poller *p) {
     }
     ++turn;
     if (work) {
-      idle_since = now_ns();
+      idle_since = 0;
       continue;
     }
-    const int64_t idle = now_ns() - idle_since;
+    const int64_t now = now_ns();
+    if (idle_since == 0) idle_since = now;
+    const int64_t idle = now - idle_since;
     if (idle < spin_ns) {
       cpu_relax();
       continue;
@@ -210,7 +214,7 @@ void PollerPool::main(Poller *p) {
       }
     }
     for (Session *s : snap) s->arm_doorbell(false);
-    idle_since = now_ns();
+    idle_since = 0;  // after a sleep the spin starts again
   }
 }
 
