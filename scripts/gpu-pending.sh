@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# What the 2026-11-27 sixth session left unmeasured, in one device call
+# (about 6 minutes on the 16-CPU GPU host): build, `ctest -L gpu` (the
+# server's default of one shm poller per CPU had not run under it), then the
+# ZeroMQ pipelined rows with client_gather_us 0 (the default) against 20, in
+# turns, and last the shm sweep with the default configuration (least-loaded
+# pollers, sampled client latencies, pollers that read no clock while they
+# find work).  Results in $OUT: summary.txt, pending.tgz with the raw runs.
+#
+#   device: run(command="bash scripts/gpu-pending.sh", carry=[".devdeps"])
+#
+# Environment: PENDING_ROUNDS (default 2), PENDING_PARTS (default
+# "build ctest gather sweep"; without build, build-gpu must be there).
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/chi-pending-out}
+mkdir -p "$OUT/raw"
+SUMMARY=$OUT/summary.txt
+ROUNDS=${PENDING_ROUNDS:-2}
+PARTS=${PENDING_PARTS:-build ctest gather sweep}
+part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+# The build (and its summary line) through gpu-run.sh; its summary goes
+# first in ours.
+: >"$SUMMARY"
+if part build; then
+  OUT=$OUT/raw GPU_RUN_STEPS=build GPU_RUN_BUDGET=150 bash scripts/gpu-run.sh >/dev/null 2>&1
+  cat "$OUT/raw/summary.txt" >>"$SUMMARY"
+fi
+[ -x build-gpu/src/tools/chimaera-bench ] || { note "no build: see raw/build.log"; exit 1; }
+. scripts/gpu-deps.sh
+
+if part ctest; then
+  (cd build-gpu && timeout 120 ctest -L gpu >"$OUT/raw/ctest-gpu.log" 2>&1)
+  note "ctest -L gpu rc=$?: $(grep -E 'tests passed' "$OUT/raw/ctest-gpu.log")"
+  grep -E '\*\*\*|Failed' "$OUT/raw/ctest-gpu.log" | tee -a "$SUMMARY"
+fi
+
+if part gather; then
+  note ""
+  note "== ZeroMQ pipelined, client_gather_us 0, then 20, in turns (8 processes)"
+  for r in $(seq 1 "$ROUNDS"); do
+    for g in 0 20; do
+      f=$OUT/raw/zmq-g$g-r$r.txt
+      CHI_CLIENT_GATHER_US=$g timeout 90 build-gpu/src/tools/chimaera-bench --server start \
+        --transports ipc,tcp,tcp-curve --iters 10000 --procs 8 >"$f" 2>&1
+      note "gather $g, round $r (rc=$?):"
+      grep -E '^client->server (ipc|tcp|tcp-curve)( pipelined 8p)? ' "$f" | cut -c1-125 | tee -a "$SUMMARY"
+    done
+  done
+fi
+
+if part sweep; then
+  note ""
+  note "== shm sweep, default configuration"
+  OUT=$OUT/raw/sweep SERVER_BENCH_TRANSPORTS=shm SERVER_BENCH_ITERS=50000 SERVER_BENCH_MS=500 \
+    timeout 150 bash scripts/server-bench.sh build-gpu >"$OUT/raw/sweep.log" 2>&1
+  note "rc=$?"
+  grep -E '^\| (1|8|64|256) \||^256 clients|^Idle|^\| shm' "$OUT/raw/sweep/server-bench.txt" 2>/dev/null |
+    tee -a "$SUMMARY"
+fi
+
+(cd "$OUT" && tar czf pending.tgz raw && rm -rf raw)
+note "done"
