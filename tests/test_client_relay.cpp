@@ -24,6 +24,7 @@ extern "C" {
 
 #include "common.h"
 #include "gpu/ll.h"
+#include "spawn.h"
 
 namespace {
 
@@ -198,23 +199,31 @@ void test_routes(void **) {
   }
 }
 
-// A server in a child process (so that it can be SIGKILLed): exits with it.
+std::string g_self;  // this program, re-executed for the server child
+
+// The server child (`test_client_relay server-child ADDRESS FD`): serves
+// ADDRESS, writes one byte to FD once it does, and runs until killed.
+int server_child(const char *address, int ready) {
+  chi_runtime_t *rt = chi_test_init(2, nullptr);
+  chi_method_t m;
+  chi_server_t *srv;
+  if (chi_register_handler(rt, "relay.sleep", sleep_handler, nullptr, &m) != CHI_OK ||
+      chi_server_start(rt, address, &srv) != CHI_OK)
+    return 1;
+  if (write(ready, "R", 1) != 1) return 1;
+  for (;;) pause();
+}
+
+// A server in a child process (so that it can be SIGKILLed): this program
+// again (tests/spawn.h: nothing runs between fork and exec).  The child's
+// end of the pipe is inherited (no O_CLOEXEC); ours is not.
 pid_t server_process(const std::string &address) {
   int ready[2];
   assert_int_equal(pipe(ready), 0);
-  pid_t pid = fork();
-  if (pid == 0) {
-    close(ready[0]);
-    chi_runtime_t *rt = chi_test_init(2, nullptr);
-    chi_method_t m;
-    chi_server_t *srv;
-    if (chi_register_handler(rt, "relay.sleep", sleep_handler, nullptr, &m) != CHI_OK ||
-        chi_server_start(rt, address.c_str(), &srv) != CHI_OK)
-      _exit(1);
-    if (write(ready[1], "R", 1) != 1) _exit(1);
-    for (;;) pause();
-  }
+  assert_int_equal(fcntl(ready[0], F_SETFD, FD_CLOEXEC), 0);
+  pid_t pid = chi_test_spawn({g_self, "server-child", address, std::to_string(ready[1])});
   close(ready[1]);
+  assert_true(pid > 0);
   char ch = 0;
   assert_int_equal(read(ready[0], &ch, 1), 1);
   close(ready[0]);
@@ -253,7 +262,13 @@ void test_server_death(void **) {
 
 }  // namespace
 
-int main(void) {
+int main(int argc, char **argv) {
+  char self[4096];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (len <= 0) return 1;
+  self[len] = '\0';
+  g_self = self;
+  if (argc == 4 && !strcmp(argv[1], "server-child")) return server_child(argv[2], atoi(argv[3]));
   setenv("CHI_RELAY_HOST_MEMORY", "1", 1);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_routes),
