@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
 # What the 2026-11-27 sixth session left unmeasured, in one device call
-# (about 6 minutes on the 16-CPU GPU host): build, `ctest -L gpu` (the
+# (about 8 minutes on the 16-CPU GPU host): build, `ctest -L gpu` (the
 # server's default of one shm poller per CPU had not run under it), then the
 # ZeroMQ pipelined rows with client_gather_us 0 (the default) against 20, in
-# turns, and last the shm sweep with the default configuration (least-loaded
+# turns, then the shm sweep with the default configuration (least-loaded
 # pollers, sampled client latencies, pollers that read no clock while they
-# find work).  Results in $OUT: summary.txt, pending.tgz with the raw runs.
+# find work), and last the same with built-ins on the workers
+# (server.inline_builtins false: each task a poller -> worker hand-off) at
+# one poller per CPU against the old 4, to see whether 16 pollers take CPU
+# from the workers.  Results in $OUT: summary.txt, pending.tgz with the raw
+# runs.
 #
 #   device: run(command="bash scripts/gpu-pending.sh", carry=[".devdeps"])
 #
 # Environment: PENDING_ROUNDS (default 2), PENDING_PARTS (default
-# "build ctest gather sweep"; without build, build-gpu must be there).
+# "build ctest gather sweep workers"; without build, build-gpu must be there).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/chi-pending-out}
 mkdir -p "$OUT/raw"
 SUMMARY=$OUT/summary.txt
 ROUNDS=${PENDING_ROUNDS:-2}
-PARTS=${PENDING_PARTS:-build ctest gather sweep}
+PARTS=${PENDING_PARTS:-build ctest gather sweep workers}
 part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 note() { echo "$*" | tee -a "$SUMMARY"; }
 
@@ -59,6 +63,19 @@ if part sweep; then
   note "rc=$?"
   grep -E '^\| (1|8|64|256) \||^256 clients|^Idle|^\| shm' "$OUT/raw/sweep/server-bench.txt" 2>/dev/null |
     tee -a "$SUMMARY"
+fi
+
+if part workers; then
+  for p in 0 4; do
+    note ""
+    note "== shm sweep, built-ins on the workers, server.pollers $p (0: one per CPU)"
+    CHI_SERVER_INLINE_BUILTINS=false CHI_SERVER_POLLERS=$p OUT=$OUT/raw/workers-p$p SERVER_BENCH_TRANSPORTS=shm \
+      SERVER_BENCH_ITERS=50000 SERVER_BENCH_MS=500 timeout 150 bash scripts/server-bench.sh build-gpu \
+      >"$OUT/raw/workers-p$p.log" 2>&1
+    note "rc=$?"
+    grep -E '^\| (1|8|64|256) \||^256 clients|^\| shm' "$OUT/raw/workers-p$p/server-bench.txt" 2>/dev/null |
+      tee -a "$SUMMARY"
+  done
 fi
 
 (cd "$OUT" && tar czf pending.tgz raw && rm -rf raw)
