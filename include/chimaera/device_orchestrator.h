@@ -194,7 +194,7 @@ constexpr uint64_t kInputWaitNs = 100000000ull;
 template <class D>
 CHI_DEVICE_NOINLINE uint64_t run_local_task(const chi_dev_orch_state_t *st, uint32_t slot, uint32_t gen,
                                             uint32_t method, uint32_t input_size, uint64_t mine, uint32_t lane,
-                                            uint8_t *in, uint8_t *out) {
+                                            uint8_t *in) {
   const chi_dev_layout *l = layout(&st->ctx);
   chi_dev_request_t r;
   r.method = method;
@@ -210,7 +210,6 @@ CHI_DEVICE_NOINLINE uint64_t run_local_task(const chi_dev_orch_state_t *st, uint
   r.output_capacity = l->max_payload;
   r.output_size = 0;
   r.ctx = &st->ctx;
-  (void)out;
   chi_status_t s = CHI_OK;
   if (input_size > l->max_payload) {
     s = CHI_ERR_PROTOCOL;
@@ -266,7 +265,7 @@ CHI_DEVICE_NOINLINE uint64_t run_local_task(const chi_dev_orch_state_t *st, uint
  * acquire fence.  Returns the tasks run; *left: bits left so (may be NULL). */
 template <class D>
 CHI_DEVICE_NOINLINE uint32_t serve_bells(const chi_dev_orch_state_t *st, uint32_t first, uint32_t stride,
-                                         uint32_t lane, uint8_t *in, uint8_t *out, uint32_t *left) {
+                                         uint32_t lane, uint8_t *in, uint32_t *left) {
   const chi_dev_layout *l = layout(&st->ctx);
   const uint32_t nwords = l->slots >> 5;
   uint32_t ran = 0, waiting = 0;
@@ -312,7 +311,7 @@ CHI_DEVICE_NOINLINE uint32_t serve_bells(const chi_dev_orch_state_t *st, uint32_
         }
         const uint64_t r = run_local_task<D>(st, chi_port::shfl(slot, k), chi_port::shfl(gen, k),
                                              chi_port::shfl(ll_data(q0), k), chi_port::shfl(ll_data(q1), k), mine,
-                                             lane, in, out);
+                                             lane, in);
         if (static_cast<int>(lane) == k) held = r;
       }
       if (chi_port::ballot(held != 0u)) {
@@ -526,7 +525,7 @@ CHI_DEVICE bool bells_pending(const chi_dev_layout *l, uint32_t first, uint32_t 
  * and 1 with a barrier whose workers ran handlers while counted out. */
 template <class D>
 CHI_DEVICE_NOINLINE void exit_barrier(const chi_dev_orch_state_t *st, uint32_t lane, bool worker, uint32_t first,
-                                      uint32_t stride, uint8_t *in, uint8_t *out) {
+                                      uint32_t stride, uint8_t *in) {
   const chi_dev_layout *l = layout(&st->ctx);
   uint64_t *const exits = reinterpret_cast<uint64_t *>(st->control + 10);
   /* Release: this warp's replies before its count. */
@@ -548,7 +547,7 @@ CHI_DEVICE_NOINLINE void exit_barrier(const chi_dev_orch_state_t *st, uint32_t l
       in_again = n < all ? 1u : 0u;
     }
     if (!chi_port::shfl(in_again, 0)) break;
-    serve_bells<D>(st, first, stride, lane, in, out, nullptr);
+    serve_bells<D>(st, first, stride, lane, in, nullptr);
     if (lane == 0) chi_port::fetch_add_release_dev(exits, static_cast<uint64_t>(1));
   }
 }
@@ -560,7 +559,7 @@ CHI_DEVICE_NOINLINE void exit_barrier(const chi_dev_orch_state_t *st, uint32_t l
  * launch opens the gate. */
 template <class D>
 CHI_DEVICE_NOINLINE void close_and_drain(const chi_dev_orch_state_t *st, uint32_t lane, uint32_t gw,
-                                         uint64_t epoch, uint8_t *in, uint8_t *out) {
+                                         uint64_t epoch, uint8_t *in) {
   const chi_dev_layout *l = layout(&st->ctx);
   if (lane == 0) {
     chi_port::fetch_or_acq_rel_dev(l->gate, kGateAway);
@@ -573,7 +572,7 @@ CHI_DEVICE_NOINLINE void close_and_drain(const chi_dev_orch_state_t *st, uint32_
   chi_port::syncwarp();
   for (;;) {
     uint32_t left = 0;
-    const uint32_t ran = serve_bells<D>(st, 0u, 1u, lane, in, out, &left);
+    const uint32_t ran = serve_bells<D>(st, 0u, 1u, lane, in, &left);
     if (ran == 0u && left == 0u) break;
     if (ran == 0u) chi_port::nanosleep(128);
   }
@@ -671,7 +670,7 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
     /* A launch queued behind one that pause stopped: nothing to do. */
     const uint32_t stop0 = lane == 0 ? chi_port::ld_relaxed_dev(st->control) : 0u;
     if (chi_port::shfl(stop0, 0)) {
-      exit_barrier<D>(st, lane, false, 0u, 1u, in, out); /* counted out: the others may be serving */
+      exit_barrier<D>(st, lane, false, 0u, 1u, in); /* counted out: the others may be serving */
       return;
     }
     bool in_use;
@@ -708,7 +707,7 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
       ran = poll_host<D>(st, &next, batch, lane, in, out);
       batch = ran ? 4u : 1u;
     }
-    if (worker) ran += serve_bells<D>(st, bell_first, bell_stride, lane, in, out, nullptr);
+    if (worker) ran += serve_bells<D>(st, bell_first, bell_stride, lane, in, nullptr);
     if (sweeper && chi_port::shfl(released, 1) != 0u) {
       const uint64_t t = lane == 0 ? chi_port::timer_ns() : 0u;
       const uint64_t now = chi_port::shfl(t, 0);
@@ -783,9 +782,9 @@ CHI_DEVICE void orchestrator_main(const chi_dev_orch_state_t *st) {
       }
     }
     if (chi_port::shfl(stop | expired, 0)) {
-      exit_barrier<D>(st, lane, worker, bell_first, bell_stride, in, out);
+      exit_barrier<D>(st, lane, worker, bell_first, bell_stride, in);
       if (step_aside && !stop && lane == 0 && l->diag) diag_step_aside(l, rang, keep_in_use, keep_since);
-      if (step_aside && !stop) close_and_drain<D>(st, lane, gw, epoch, in, out);
+      if (step_aside && !stop) close_and_drain<D>(st, lane, gw, epoch, in);
       if (keeper && lane == 0 && l->diag)
         diag_launch_end(l, t_start, epoch, stop ? CHI_DIAG_END_STOP : rang ? CHI_DIAG_END_BELL : CHI_DIAG_END_LEASE);
       break;
