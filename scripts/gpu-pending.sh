@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What the 2026-11-27 sixth session left unmeasured, in one device call
-# (about 8 minutes on the 16-CPU GPU host): build, `ctest -L gpu` (the
+# (about 8-9 minutes on the 16-CPU GPU host; PENDING_PARTS splits it): build, `ctest -L gpu` (the
 # server's default of one shm poller per CPU had not run under it), then the
 # ZeroMQ pipelined rows with client_gather_us 0 (the default) against 20, in
 # turns, then the shm sweep with the default configuration (least-loaded
@@ -11,8 +11,13 @@
 # from the workers.  Results in $OUT: summary.txt, pending.tgz with the raw
 # runs.
 #
-#   device: run(command="bash scripts/gpu-pending.sh", carry=[".devdeps"])
+#   here:   scripts/gpu-route-ab.sh prepare 7dd8e00   (the base of the sweep's
+#           A/B: one poller per CPU, before the least-loaded pollers, sampled
+#           client latencies and clockless passes; optional)
+#   device: run(command="bash scripts/gpu-pending.sh", carry=[".devdeps", "build-abtrees"])
 #
+# With build-abtrees/base.tar.gz the sweep part alternates base and this
+# tree, SWEEP_ROUNDS times each (default 1).
 # Environment: PENDING_ROUNDS (default 2), PENDING_PARTS (default
 # "build ctest gather sweep workers"; without build, build-gpu must be there).
 set -u -o pipefail
@@ -56,13 +61,36 @@ if part gather; then
 fi
 
 if part sweep; then
-  note ""
-  note "== shm sweep, default configuration"
-  OUT=$OUT/raw/sweep SERVER_BENCH_TRANSPORTS=shm SERVER_BENCH_ITERS=50000 SERVER_BENCH_MS=500 \
-    timeout 150 bash scripts/server-bench.sh build-gpu >"$OUT/raw/sweep.log" 2>&1
-  note "rc=$?"
-  grep -E '^\| (1|8|64|256) \||^256 clients|^Idle|^\| shm' "$OUT/raw/sweep/server-bench.txt" 2>/dev/null |
-    tee -a "$SUMMARY"
+  sides=new
+  if [ -f build-abtrees/base.tar.gz ]; then
+    # The base: its tools only (the server, the bench, chimaera-ctl).
+    rm -rf /tmp/chi-pending-base && mkdir -p /tmp/chi-pending-base &&
+      tar -xzf build-abtrees/base.tar.gz -C /tmp/chi-pending-base
+    if PKG_CONFIG_SYSROOT_DIR=/opt/deps cmake -S /tmp/chi-pending-base -B /tmp/chi-pending-base-build -G Ninja \
+         -DCHI_ENABLE_CUDA=ON -DCHI_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_STANDARD=17 -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+         >"$OUT/raw/base-build.log" 2>&1 &&
+       cmake --build /tmp/chi-pending-base-build -j 16 --target chimaera-bench chimaera-server chimaera-ctl \
+         >>"$OUT/raw/base-build.log" 2>&1; then
+      sides="base new"
+      note ""
+      note "sweep base: $(cut -c1-100 build-abtrees/base.txt 2>/dev/null)"
+    else
+      note "base build FAILED (raw/base-build.log): the sweep runs on this tree only"
+    fi
+  fi
+  for r in $(seq 1 "${SWEEP_ROUNDS:-1}"); do
+    for side in $sides; do
+      b=build-gpu
+      [ "$side" = base ] && b=/tmp/chi-pending-base-build
+      note ""
+      note "== shm sweep, default configuration, $side, round $r"
+      OUT=$OUT/raw/sweep-$side-$r SERVER_BENCH_TRANSPORTS=shm SERVER_BENCH_ITERS=50000 SERVER_BENCH_MS=500 \
+        timeout 150 bash scripts/server-bench.sh "$b" >"$OUT/raw/sweep-$side-$r.log" 2>&1
+      note "rc=$?"
+      grep -E '^\| (1|8|64|256) \||^256 clients|^Idle|^\| shm' "$OUT/raw/sweep-$side-$r/server-bench.txt" 2>/dev/null |
+        tee -a "$SUMMARY"
+    done
+  done
 fi
 
 if part workers; then
