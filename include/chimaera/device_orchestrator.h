@@ -188,9 +188,11 @@ constexpr uint64_t kInputWaitNs = 100000000ull;
 /* Runs the GPU->GPU task of generation gen in `slot` (warp-collective):
  * the input from its LL words into `in` (lane j brings word j as the scan
  * read it, `mine`, and reads it again if it did not carry gen yet), or past
- * 64 bytes in place after an acquire; the handler with its output in `out`;
- * then the reply: the output as LL words (or plain bytes and a release
- * fence), and the reply words, whose flags tell the waiter it is all there. */
+ * 64 bytes in place after an acquire; the handler with its output in the
+ * slot's plain output area.  An output of up to 64 bytes then goes into LL
+ * words and the reply words follow here (returns 0); a larger one stays in
+ * place and the reply words wait for serve_bells' one release fence per
+ * pass (returns {output size} << 32 | {status}). */
 template <class D>
 CHI_DEVICE_NOINLINE uint64_t run_local_task(const chi_dev_orch_state_t *st, uint32_t slot, uint32_t gen,
                                             uint32_t method, uint32_t input_size, uint64_t mine, uint32_t lane,
