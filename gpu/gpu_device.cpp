@@ -283,10 +283,17 @@ uint64_t GpuDevice::next_lease() const {
   return shape_.lease_ns;
 }
 
-bool GpuDevice::wait_launch_end(uint64_t n, int64_t deadline, cudaError_t *err, int64_t look_ns) {
+bool GpuDevice::wait_launch_end(uint64_t n, int64_t deadline, cudaError_t *err, int64_t look_ns,
+                                uint64_t phase) {
   for (;;) {
     const uint32_t seq = end_seq_.load(std::memory_order_seq_cst);
+    // A CUDA call: a GPU->GPU submitter waiting for the next launch gives
+    // up after two leases in it (gate_wait), as it may be held back by a
+    // device-wide call that waits for the submitter's kernel.
+    // The phase word alone: CHI_DIAG_LEASE_AT keeps when `phase` began.
+    __atomic_store_n(&diag_[CHI_DIAG_LEASE_PHASE], uint64_t(CHI_DIAG_PHASE_QUERY), __ATOMIC_SEQ_CST);
     *err = cudaEventQuery(ended_[n & 1]);
+    __atomic_store_n(&diag_[CHI_DIAG_LEASE_PHASE], phase, __ATOMIC_RELEASE);
     if (*err != cudaErrorNotReady) return true;
     if (lease_quit_.load(std::memory_order_relaxed)) return false;
     const int64_t left = deadline - now_ns();
@@ -384,7 +391,7 @@ void GpuDevice::lease_loop() {
     lock.unlock();
     lease_phase(CHI_DIAG_PHASE_SLEEP, n);
     cudaError_t early;
-    if (wait_launch_end(n, due - kLeaseWakeEarlyNs, &early, kLeaseSleepLookNs)) {
+    if (wait_launch_end(n, due - kLeaseWakeEarlyNs, &early, kLeaseSleepLookNs, CHI_DIAG_PHASE_SLEEP)) {
       // Ended before its lease: the bell (docs/gpu.md), or the keeper
       // stepped aside.  The top relaunches at once.
       lock.lock();
@@ -414,7 +421,7 @@ void GpuDevice::lease_loop() {
     // long): its successor starts then, and that start times the
     // successor's lease.  The bell thread wakes this one at the end.
     cudaError_t e = cudaErrorNotReady;
-    while (!wait_launch_end(n, now_ns() + kLeaseLookNs, &e, kLeaseLookNs))
+    while (!wait_launch_end(n, now_ns() + kLeaseLookNs, &e, kLeaseLookNs, CHI_DIAG_PHASE_WAIT_END))
       if (lease_quit_.load(std::memory_order_relaxed) || launches_.load() != n + 2) break;
     lease_phase(CHI_DIAG_PHASE_LOCK, n);
     lock.lock();

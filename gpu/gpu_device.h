@@ -88,8 +88,9 @@ class GpuDevice {
   void lease_loop();
   // Until launch n's event completes (true, *err its status), `deadline`
   // (now_ns) passes or the thread must quit (false); sleeps between looks
-  // until the bell thread says a launch ended.
-  bool wait_launch_end(uint64_t n, int64_t deadline, cudaError_t *err, int64_t look_ns);
+  // until the bell thread says a launch ended.  `phase` (CHI_DIAG_PHASE_*)
+  // is the lease thread's phase between its CUDA calls.
+  bool wait_launch_end(uint64_t n, int64_t deadline, cudaError_t *err, int64_t look_ns, uint64_t phase);
   // The next launch's lease: idle_lease_ns while the pollers sleep on the
   // bell and no CPU->GPU task is in flight, else lease_ns.
   uint64_t next_lease() const;

@@ -223,6 +223,8 @@ typedef struct chi_dev_orch_state {
 #define CHI_DIAG_PHASE_QUEUE 3u   /* queuing the successor (a CUDA launch) */
 #define CHI_DIAG_PHASE_WAIT_END 4u /* waiting for the running launch to end (the bell thread wakes it) */
 #define CHI_DIAG_PHASE_LOCK 5u    /* taking the device's lock */
+#define CHI_DIAG_PHASE_QUERY 6u   /* asking CUDA whether the running launch ended (SLEEP or WAIT_END
+                                   * otherwise; a device-wide call may hold this one) */
 
 #define CHI_DEV_FAULT_ABI 1u /* kernel compiled against another chimaera_device.h */
 

@@ -13,7 +13,14 @@
  *   - every GPU->CPU slot held: chi_dev_try_submit and chi_dev_warp_try_submit
  *     answer CHI_ERR_AGAIN at once, chi_dev_submit after its timeout, and a
  *     handler in the orchestrator that submits gets CHI_ERR_AGAIN without
- *     waiting; then everything held finishes.
+ *     waiting; then everything held finishes;
+ *   - a GPU->GPU submitter that found the orchestrator stepped aside (the
+ *     gate's wait, over gate and diag words of the test's own): it waits for
+ *     a lease thread that is late but on its way (sleeping, or waiting for a
+ *     queued successor) past two leases, and gives up after two leases when
+ *     the lease thread is in a CUDA call (a device-wide call may hold it and
+ *     wait for this kernel), when the phase becomes such a call, without diag
+ *     words, and after gpu.device_submit_timeout_us in any case.
  * Exit 77 without a usable GPU.
  *
  * Environment: CHI_TEST_GRID_WARPS (default 1056), CHI_TEST_GRID_TASKS
@@ -21,7 +28,9 @@
  */
 #include "gpu_common.h"
 
+#include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <atomic>
 
@@ -37,6 +46,9 @@ static uint32_t g_slots;          /* gpu.device_slots */
  * every kernel, a persistent orchestrator's too. */
 static int32_t *g_st32;
 static int64_t *g_st64;
+/* Mapped pinned words of test_gate_wait_*: [0] the gate, [2] the answer,
+ * [3] started, [32..] diag words. */
+static uint64_t *g_fake;
 #define MAX_FUTS 65536u
 static std::atomic<int> g_gate_open{0};
 static std::atomic<unsigned long long> g_gate_ran{0}, g_cpu_ran{0};
@@ -482,11 +494,73 @@ static void test_every_slot_held(void **state) {
   assert_int_equal(out[0], CHI_OK);
 }
 
+/* The gate's wait as a GPU->GPU submit runs it after finding the
+ * orchestrator stepped aside, over the test's own layout: w[2] = 1 when the
+ * gate opened, 0 when it gave up. */
+__global__ void k_gate_wait(chi_dev_ctx_layout_t l, volatile uint64_t *w) {
+  w[3] = 1;
+  __threadfence_system();
+  w[2] = chi_dev_detail::gate_wait(&l, true) ? 1u : 0u;
+}
+
+/* Runs k_gate_wait with the gate shut and the lease thread's phase `phase`;
+ * after `after_ms` sets the phase to `then` (0: unchanged) and opens the
+ * gate if `open`.  Returns the kernel's answer. */
+static uint64_t gate_case(uint64_t phase, bool with_diag, uint32_t lease_us, uint32_t timeout_us, int after_ms,
+                          uint64_t then, bool open) {
+  volatile uint64_t *w = g_fake;
+  volatile uint64_t *diag = g_fake + 32;
+  for (uint32_t i = 0; i < 32u + CHI_DEV_DIAG_WORDS; ++i) w[i] = 0;
+  w[0] = chi_dev_detail::kGateAway;
+  w[2] = 2;
+  diag[CHI_DIAG_LEASE_PHASE] = phase;
+  chi_dev_ctx_layout_t l;
+  memset(&l, 0, sizeof l);
+  l.gate = g_fake;
+  l.diag = with_diag ? g_fake + 32 : NULL;
+  l.lease_us = lease_us;
+  l.submit_timeout_us = timeout_us;
+  k_gate_wait<<<1, 1, 0, g_stream>>>(l, g_fake);
+  CK(cudaGetLastError());
+  for (int i = 0; i < 10000 && w[3] == 0; ++i) usleep(1000);
+  assert_int_equal(w[3], 1);
+  usleep((useconds_t)after_ms * 1000);
+  if (then) diag[CHI_DIAG_LEASE_PHASE] = then;
+  if (open) w[0] = 0;
+  sync_stream();
+  printf("# gate wait: phase %llu%s, lease %u us, timeout %u us, after %d ms: phase %llu%s -> %s\n",
+         (unsigned long long)phase, with_diag ? "" : " (no diag words)", lease_us, timeout_us, after_ms,
+         (unsigned long long)(then ? then : phase), open ? ", gate open" : "", w[2] == 1 ? "opened" : "gave up");
+  return w[2];
+}
+
+/* The lease thread on its way, though later than two leases (the host's
+ * scheduler): the submitter waits for the launch. */
+static void test_gate_wait_late_lease_thread(void **state) {
+  (void)state;
+  assert_int_equal(gate_case(CHI_DIAG_PHASE_SLEEP, true, 100, 10000000, 20, 0, true), 1);
+  assert_int_equal(gate_case(CHI_DIAG_PHASE_WAIT_END, true, 100, 10000000, 20, 0, true), 1);
+}
+
+/* The lease thread in a CUDA call (a device-wide call may hold it back and
+ * wait for this kernel), or becoming so, or unknown: two leases, then
+ * CHI_ERR_AGAIN; and the submit timeout bounds every wait. */
+static void test_gate_wait_gives_up(void **state) {
+  (void)state;
+  assert_int_equal(gate_case(CHI_DIAG_PHASE_QUEUE, true, 100, 10000000, 0, 0, false), 0);
+  assert_int_equal(gate_case(CHI_DIAG_PHASE_QUERY, true, 100, 10000000, 0, 0, false), 0);
+  assert_int_equal(gate_case(CHI_DIAG_PHASE_SLEEP, true, 100, 10000000, 20, CHI_DIAG_PHASE_QUEUE, false), 0);
+  assert_int_equal(gate_case(CHI_DIAG_PHASE_SLEEP, false, 100, 10000000, 0, 0, false), 0);
+  assert_int_equal(gate_case(CHI_DIAG_PHASE_SLEEP, true, 100, 50000, 0, 0, false), 0);
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IONBF, 0);
   if (!gt_have_cuda()) return 77;
   if (cudaHostAlloc((void **)&g_st32, 16 * sizeof(int32_t), cudaHostAllocMapped) != cudaSuccess ||
       cudaHostAlloc((void **)&g_st64, 8 * sizeof(int64_t), cudaHostAllocMapped) != cudaSuccess ||
+      cudaHostAlloc((void **)&g_fake, (32 + CHI_DEV_DIAG_WORDS) * sizeof(uint64_t), cudaHostAllocMapped) !=
+          cudaSuccess ||
       cudaMalloc((void **)&g_dev, NCNT * sizeof(unsigned long long)) != cudaSuccess ||
       cudaMalloc((void **)&g_futs, MAX_FUTS * sizeof(chi_future_t)) != cudaSuccess ||
       cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking) != cudaSuccess) {
@@ -537,6 +611,8 @@ int main(void) {
       cmocka_unit_test(test_release_many_gpu),
       cmocka_unit_test(test_release_many_cpu),
       cmocka_unit_test(test_every_slot_held),
+      cmocka_unit_test(test_gate_wait_late_lease_thread),
+      cmocka_unit_test(test_gate_wait_gives_up),
   };
   static GtWatchdog wd; /* a hang fails with the orchestrator's state */
   wd.start(&g_ctx, 240);
@@ -549,6 +625,7 @@ int main(void) {
   cudaFree(g_futs);
   cudaFreeHost(g_st32);
   cudaFreeHost(g_st64);
+  cudaFreeHost(g_fake);
   cudaStreamDestroy(g_stream);
   return failed ? 1 : 0;
 }
