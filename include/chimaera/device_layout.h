@@ -212,6 +212,10 @@ typedef struct chi_dev_orch_state {
 #define CHI_DIAG_LAUNCH_NS 20u   /* keeper: ns its launches ran, summed ... (16-byte aligned:
                                   * read and written with LAUNCH_N as one pair) */
 #define CHI_DIAG_LAUNCH_N 21u    /* ... over this many launches (keepers' own clock) */
+#define CHI_DIAG_GATE_GAVE_UP_AT 22u /* the last GPU->GPU submit that gave up at the closed gate
+                                     * (CHI_ERR_AGAIN; any submitter writes it): when ... */
+#define CHI_DIAG_GATE_GAVE_UP_WHY 23u /* ... the lease thread's phase it saw last (0: no diag) |
+                                       * 1 << 8 if the submit timeout ended it | waited us << 32 */
 #define CHI_DIAG_BRANCH_QUEUED 1u /* the successor is queued */
 #define CHI_DIAG_BRANCH_TRYING 2u /* the successor is being queued (maybe held back) */
 #define CHI_DIAG_BRANCH_LATE 3u   /* neither */

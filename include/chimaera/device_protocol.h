@@ -295,10 +295,10 @@ CHI_DEVICE void gate_leave(const chi_dev_layout *l) {
  * call (CHI_DIAG_LEASE_PHASE: sleeping towards the lease's end, or waiting
  * for the running launch to end behind a queued successor): then no
  * device-wide call can be holding it back.  A read of pinned host memory. */
-CHI_DEVICE bool lease_thread_coming(const chi_dev_layout *l) {
+CHI_DEVICE bool lease_thread_coming(const chi_dev_layout *l, uint64_t *phase) {
   if (l->diag == nullptr) return false;
-  const uint64_t phase = chi_port::ll_load8(l->diag + CHI_DIAG_LEASE_PHASE);
-  return phase == CHI_DIAG_PHASE_SLEEP || phase == CHI_DIAG_PHASE_WAIT_END;
+  *phase = chi_port::ll_load8(l->diag + CHI_DIAG_LEASE_PHASE);
+  return *phase == CHI_DIAG_PHASE_SLEEP || *phase == CHI_DIAG_PHASE_WAIT_END;
 }
 
 /* A submitter that found the gate closed: waits for the next launch to open
@@ -317,12 +317,20 @@ CHI_DEVICE bool gate_wait(const chi_dev_layout *l, bool wait) {
   if (bound == 0 || bound > timeout) bound = timeout;
   const uint64_t t0 = chi_port::timer_ns();
   uint64_t held_since = t0; /* since when the lease thread was not seen coming */
+  uint64_t phase = 0;
   for (uint32_t i = 0; chi_port::ld_relaxed_dev(l->gate) & kGateAway; ++i) {
     const uint64_t now = chi_port::timer_ns();
     /* A look every 16 naps (~20-40 us): thousands of waiting warps must not
      * fill PCIe with it. */
-    if ((i & 15u) == 0u && lease_thread_coming(l)) held_since = now;
-    if (now - held_since >= bound || now - t0 >= timeout) return false;
+    if ((i & 15u) == 0u && lease_thread_coming(l, &phase)) held_since = now;
+    if (now - held_since >= bound || now - t0 >= timeout) {
+      if (l->diag) { /* for the watchdogs and the CHI_ERR_AGAIN reports (device_layout.h) */
+        chi_port::ll_store8(l->diag + CHI_DIAG_GATE_GAVE_UP_WHY,
+                            ((now - t0) / 1000u) << 32 | (now - t0 >= timeout ? 1u << 8 : 0u) | (phase & 0xFFu));
+        chi_port::ll_store8(l->diag + CHI_DIAG_GATE_GAVE_UP_AT, now);
+      }
+      return false;
+    }
     chi_port::nanosleep(1024);
   }
   return true;

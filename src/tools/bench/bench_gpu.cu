@@ -792,17 +792,21 @@ void lease_note(const Gpu &g, const LeaseMark &m0, const chi_bench_row *row) {
 // for the next launch, docs/gpu.md).
 bool route_ok(const RouteOut &o, chi_bench_row *row, const Gpu &g, const LeaseMark &mark) {
   if (o.where == 0) return true;
-  char why[256] = "";
+  char why[384] = "";
   if (o.status == CHI_ERR_AGAIN) {
     const uint64_t w = diag_word(g, CHI_DIAG_ASIDE_WHY);
+    const uint64_t gw = diag_word(g, CHI_DIAG_GATE_GAVE_UP_WHY);
+    static const char *const phases[] = {"?", "idle", "sleep", "queue", "wait-end", "lock", "query"};
     std::snprintf(why, sizeof why, "; orchestrator stepped aside %llu times in this row (the runtime's "
-                  "total: %llu, %llu for the bell, %llu with slots in use; last: %s, slots %s, routes quiet %llu us)",
+                  "total: %llu, %llu for the bell, %llu with slots in use; last: %s, slots %s, routes quiet %llu us)"
+                  "; the last submit to give up at the closed gate waited %llu us, lease thread %s%s",
                   static_cast<unsigned long long>(diag_word(g, CHI_DIAG_ASIDE_N) - mark.asides),
                   static_cast<unsigned long long>(diag_word(g, CHI_DIAG_ASIDE_N)),
                   static_cast<unsigned long long>(diag_word(g, CHI_DIAG_ASIDE_BELL)),
                   static_cast<unsigned long long>(diag_word(g, CHI_DIAG_ASIDE_IN_USE)),
                   (w & 1u) ? "bell" : "lease, successor not queued", (w & 2u) ? "in use" : "free",
-                  static_cast<unsigned long long>(w >> 32));
+                  static_cast<unsigned long long>(w >> 32), static_cast<unsigned long long>(gw >> 32),
+                  phases[(gw & 0xFFu) < 7u ? (gw & 0xFFu) : 0u], (gw >> 8) & 1u ? " (submit timeout)" : "");
   }
   chi_bench_row_fail(row, o.status, "%s: %s (task %llu)%s", where_name(o.where),
                      chi_status_string(o.status), o.index, why);
