@@ -307,8 +307,9 @@ CHI_DEVICE bool lease_thread_coming(const chi_dev_layout *l, uint64_t *phase) {
  * kernel: the wait ends after two leases in which the lease thread was not
  * seen on its way (lease_thread_coming: it may be held in a CUDA call), and
  * after gpu.device_submit_timeout_us in any case.  A lease thread that the
- * host's scheduler runs late (a relaunch over two leases after a step-aside
- * happens on a busy host: docs/gpu.md) no longer makes the submit give up.
+ * host's scheduler runs late, or a successor that waits for another
+ * process's time slice on the GPU (a relaunch over two leases after a
+ * step-aside: docs/gpu.md), no longer makes the submit give up.
  * True when the gate opened. */
 CHI_DEVICE bool gate_wait(const chi_dev_layout *l, bool wait) {
   if (!may_wait(l, wait)) return false;
@@ -323,6 +324,9 @@ CHI_DEVICE bool gate_wait(const chi_dev_layout *l, bool wait) {
     /* A look every 16 naps (~20-40 us): thousands of waiting warps must not
      * fill PCIe with it. */
     if ((i & 15u) == 0u && lease_thread_coming(l, &phase)) held_since = now;
+    /* A fresh look before giving up: the kernel may have been off the GPU
+     * since the last one (another process's time slice, no MPS). */
+    if (now - held_since >= bound && (i & 15u) != 0u && lease_thread_coming(l, &phase)) held_since = now;
     if (now - held_since >= bound || now - t0 >= timeout) {
       if (l->diag) { /* for the watchdogs and the CHI_ERR_AGAIN reports (device_layout.h) */
         chi_port::ll_store8(l->diag + CHI_DIAG_GATE_GAVE_UP_WHY,
