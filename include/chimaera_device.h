@@ -165,9 +165,11 @@ CHI_DEVICE chi_status_t local_take(const chi_dev_layout *l, uint32_t slot, uint3
  * with a size, route to another GPU), CHI_ERR_NO_DEVICE (CHI_ROUTE_GPU(n) with no
  * GPU n in the runtime), CHI_ERR_TOO_LARGE (input_size over
  * gpu.max_payload), CHI_ERR_AGAIN (no slot freed within the timeout; or, on
- * the GPU->GPU route, the orchestrator stepped aside for a device-wide CUDA
- * call in another thread and did not come back within two leases: do not
- * retry in a loop, that call waits for this kernel; nothing was queued).
+ * the GPU->GPU route, the orchestrator stepped aside and did not come back:
+ * the runtime's lease thread spent two leases in a CUDA call, where a
+ * device-wide CUDA call in another thread may hold it, or the timeout
+ * passed.  Do not retry in a loop: that call waits for this kernel; nothing
+ * was queued).
  * An unknown method is not
  * an error here: chi_dev_wait returns CHI_ERR_NOT_FOUND.
  * Ownership: the future must be consumed by chi_dev_wait or chi_dev_release
