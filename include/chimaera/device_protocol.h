@@ -540,7 +540,7 @@ CHI_DEVICE chi_status_t cpu_prepare(const chi_dev_layout *l, const void *input, 
 
 /* GPU->CPU, step 2: the ring entry of ticket t, data words first, header last. */
 CHI_DEVICE void cpu_publish(const chi_dev_layout *l, uint64_t t, chi_method_t method, const void *input,
-                            uint32_t input_size, uint32_t slot, uint32_t gen, bool fence = true) {
+                            uint32_t input_size, uint32_t slot, uint32_t gen, bool fence = false) {
   uint64_t *e = l->d2h_ring + (t & (l->d2h_ring_entries - 1u)) * CHI_DEV_LL_WORDS;
   const uint32_t flag = static_cast<uint32_t>(t) + 1u;
   if (input_size <= CHI_DEV_LL_INLINE) {
@@ -557,10 +557,12 @@ CHI_DEVICE void cpu_publish(const chi_dev_layout *l, uint64_t t, chi_method_t me
   }
   chi_port::ll_store16(e + 2, ll_pack(slot, flag), ll_pack(gen, flag));
   chi_port::ll_store16(e, ll_pack(method, flag), ll_pack(input_size, flag));
-  /* Not for ordering (the flags do that) but for speed: without it the
-   * stores can linger on the GPU side; measured on an H100, a GPU->CPU round
-   * trip took 14.7 us at p50 without and 10.4 us with this fence (gpu_breakdown
-   * measures it again: fence = false, its "gpu->cpu, no fence" rows). */
+  /* No fence: the flags order the entry, and the stores are volatile, so
+   * they leave at once.  A system fence here once made an H100's GPU->CPU
+   * round trip 10.4 us instead of 14.7 (plain stores lingered); with
+   * volatile stores it cost the submitting thread 1.4 us and the round trip
+   * nothing (gpu_breakdown, H100 2026-11-27: 7.58 | 7.42 us at 8 B, 8.51 |
+   * 8.48 at 64 B, fence | none).  `fence`: gpu_breakdown's rows with it. */
   if (fence) chi_port::fence_sys();
 }
 

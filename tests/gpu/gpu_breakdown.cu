@@ -367,10 +367,10 @@ int main(int argc, char **argv) {
   for (uint32_t payload : payloads) {
     /* ---- GPU->CPU and GPU->GPU, from a kernel */
     for (int r = 0; r < 3; ++r) {
-      /* r 2: GPU->CPU without the publish's system fence (cpu_publish's comment) */
+      /* r 2: GPU->CPU with a system fence after the publish (cpu_publish's comment) */
       const chi_route_t route = r == 1 ? CHI_ROUTE_LOCAL : CHI_ROUTE_CPU;
-      const char *name = r == 0 ? "gpu->cpu" : r == 1 ? "gpu->gpu" : "gpu->cpu nofence";
-      const bool fence = r != 2;
+      const char *name = r == 0 ? "gpu->cpu" : r == 1 ? "gpu->gpu" : "gpu->cpu fence";
+      const bool fence = r == 2;
       k_device_route<<<1, 1, 0, stream>>>(ctx, route, m, payload, warm, buf, st, bad, fence);
       BD_CHECK(cudaStreamSynchronize(stream));
       const Offset before = clock_offset(500); /* around the run: the clocks drift apart */
@@ -406,7 +406,7 @@ int main(int argc, char **argv) {
       }
       if (r != 1) {
         row(name, payload, "1 slot + payload to host buffer (>112 B)", prep);
-        row(name, payload, "2 ring entry write + system fence", pub);
+        row(name, payload, r == 2 ? "2 ring entry write + system fence" : "2 ring entry write", pub);
         row(name, payload, "3 to handler: bus, host poll, payload read", to_h);
         row(name, payload, "4 CPU handler (echo)", hand);
         row(name, payload, "5 reply write, bus, device header poll", back);
