@@ -158,15 +158,11 @@ chi_status_t H2dExecutor::submit(chi_method_t method, const void *input, size_t 
   uint64_t t = tail_.fetch_add(1, std::memory_order_relaxed);
   uint64_t *e = ring_ + (t & (shape_.h2d_ring_entries - 1)) * CHI_DEV_LL_WORDS;
   const uint32_t flag = uint32_t(t) + 1;
-  // Non-temporal stores: the polling warps read these lines (docs/gpu.md).
-  // Each word carries its flag, so their order does not matter: a warp that
-  // sees the header before a data word reads that word again.
-  if (size <= CHI_DEV_LL_INLINE) ll_stream_payload(e, input, size, flag);
-  ll_stream(e + 3, ll_pack(gen, flag));
-  ll_stream(e + 2, ll_pack(slot, flag));
-  ll_stream(e + 1, ll_pack(size, flag));
-  ll_stream(e + 0, ll_pack(method, flag));
-  ll_stream_end();
+  if (size <= CHI_DEV_LL_INLINE) ll_put_payload(e, input, size, flag);
+  ll_store(e + 3, ll_pack(gen, flag));
+  ll_store(e + 2, ll_pack(slot, flag));
+  ll_store(e + 1, ll_pack(size, flag));
+  ll_store(e + 0, ll_pack(method, flag));
   *slot_out = slot;
   *gen_out = gen;
   return CHI_OK;

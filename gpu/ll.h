@@ -16,23 +16,6 @@ inline uint32_t ll_data(uint64_t w) { return uint32_t(w); }
 inline uint64_t ll_load(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 inline void ll_store(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 
-// A store of an LL word that does not fetch its line first (x86-64: a
-// non-temporal store).  The GPU polls the CPU->GPU ring's next entries, so
-// their lines are seldom the CPU's own when it writes them, and a plain store
-// waits for the line.  ll_stream_end sends the streamed words on at once.
-inline void ll_stream(uint64_t *p, uint64_t v) {
-#if defined(__x86_64__)
-  __builtin_ia32_movnti64(reinterpret_cast<long long *>(p), static_cast<long long>(v));
-#else
-  ll_store(p, v);
-#endif
-}
-inline void ll_stream_end() {
-#if defined(__x86_64__)
-  __builtin_ia32_sfence();
-#endif
-}
-
 // Generations are 24 bits (a future's field) and never 0.
 inline uint32_t next_gen(uint32_t g) {
   g = (g + 1) & 0xFFFFFFu;
@@ -49,17 +32,6 @@ inline void ll_put_payload(uint64_t *rec, const void *src, uint32_t n, uint32_t 
     uint32_t take = n - 4 * j < 4 ? n - 4 * j : 4;
     std::memcpy(&w, s + 4 * j, take);
     ll_store(rec + CHI_DEV_LL_HEADER + j, ll_pack(w, flag));
-  }
-}
-
-// ll_put_payload with ll_stream (the caller ends with ll_stream_end).
-inline void ll_stream_payload(uint64_t *rec, const void *src, uint32_t n, uint32_t flag) {
-  const unsigned char *s = static_cast<const unsigned char *>(src);
-  for (uint32_t j = 0, nw = ll_words(n); j < nw; ++j) {
-    uint32_t w = 0;
-    uint32_t take = n - 4 * j < 4 ? n - 4 * j : 4;
-    std::memcpy(&w, s + 4 * j, take);
-    ll_stream(rec + CHI_DEV_LL_HEADER + j, ll_pack(w, flag));
   }
 }
 
