@@ -12,10 +12,14 @@
 //             host spins on rsp (the host times each round trip);
 //   gpu->cpu: a GPU thread writes req, a host thread spins on it and writes
 //             rsp, the GPU thread polls rsp (the GPU times each round trip).
-// Modes: acquire (ld.acquire.sys, as the bench's floor), volatile (one load
-// at a time), stagger K/G (K volatile loads in flight, G ns apart); "nf":
-// no fence after the sighting and a volatile answer, as LL words need.  Prints
-// p50 and p90 in us per mode and round.
+// Modes (kModes): acquire (ld.acquire.sys and a release answer, as the
+// bench's floors), volatile loads one at a time, stagger K/G (K volatile
+// loads of the word in flight, G ns apart), an acquire poll with a volatile
+// answer, a volatile poll with a release answer, and a poll beside a load of
+// the next 16 bytes; "nf": no fence after the sighting and a volatile answer,
+// as LL words need.  (docs/bench/h200-2026-11-27g/run7 and run8 ran earlier
+// lists: volatile loads and staggers followed by __threadfence_system.)
+// Prints p50, p90 and the least round trip in us per mode and round.
 #include <cuda/atomic>
 #include <cuda_runtime.h>
 #include <pthread.h>
@@ -96,13 +100,7 @@ __device__ __forceinline__ bool wait_stagger(const unsigned *p, unsigned want, u
 
 __device__ bool wait_mode(const unsigned *p, unsigned want, int k, unsigned gap, unsigned long long limit, int relaxed) {
   const unsigned long long t0 = gtimer();
-  if (k == 0) {
-    cuda::atomic_ref<unsigned, cuda::thread_scope_system> r(*const_cast<unsigned *>(p));
-    while (r.load(cuda::memory_order_acquire) != want)
-      if (gtimer() - t0 > limit) return false;
-    return true;
-  }
-  if (k == 10) {
+  if (k == 0 || k == 10) {
     cuda::atomic_ref<unsigned, cuda::thread_scope_system> r(*const_cast<unsigned *>(p));
     while (r.load(cuda::memory_order_acquire) != want)
       if (gtimer() - t0 > limit) return false;
