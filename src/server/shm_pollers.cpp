@@ -43,7 +43,10 @@ struct PollerPool::Poller {
   std::vector<Session *> sessions;
   std::atomic<bool> changed{false};
   std::atomic<uint64_t> epoch{0};
-  std::atomic<uint32_t> load{0};  // sessions added and not removed
+  size_t load() {
+    std::lock_guard<std::mutex> lock(mu);
+    return sessions.size();
+  }
   ~Poller() {
     if (epfd >= 0) close(epfd);
     if (wake >= 0) close(wake);
@@ -87,10 +90,11 @@ chi_status_t PollerPool::add(Session *s) {
   const uint32_t n = uint32_t(pollers_.size());
   const uint32_t first = next_++ % n;
   uint32_t best = first;
+  size_t best_load = pollers_[first]->load();
   for (uint32_t k = 1; k < n; ++k) {
     const uint32_t i = (first + k) % n;
-    if (pollers_[i]->load.load(std::memory_order_relaxed) < pollers_[best]->load.load(std::memory_order_relaxed))
-      best = i;
+    const size_t l = pollers_[i]->load();
+    if (l < best_load) best = i, best_load = l;
   }
   s->poller = best;
   Poller &p = *pollers_[s->poller];
@@ -105,7 +109,6 @@ chi_status_t PollerPool::add(Session *s) {
     std::lock_guard<std::mutex> lock(p.mu);
     p.sessions.push_back(s);
   }
-  p.load.fetch_add(1, std::memory_order_relaxed);
   p.changed.store(true, std::memory_order_release);
   signal_fd(p.wake);
   return CHI_OK;
@@ -119,9 +122,7 @@ void PollerPool::remove(Session *s) {
     log(LogLevel::kWarn, "epoll_ctl(DEL doorbell of client %u): %s", s->id(), strerror(errno));
   {
     std::lock_guard<std::mutex> lock(p.mu);
-    const size_t before = p.sessions.size();
     p.sessions.erase(std::remove(p.sessions.begin(), p.sessions.end(), s), p.sessions.end());
-    if (p.sessions.size() != before) p.load.fetch_sub(1, std::memory_order_relaxed);
     // `changed` before the epoch is read (both seq_cst, as the poller's
     // exchange and add): the turn that moves the epoch past the value read
     // here is followed by one that sees `changed` and drops the session
