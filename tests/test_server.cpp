@@ -1115,47 +1115,6 @@ void test_poller_balance(void **) {
   assert_status(CHI_OK, chi_finalize(f.rt));
 }
 
-// ZeroMQ with client_gather_us: the I/O thread (polling, as with
-// client_spin_min_cpus 1) holds submits while 32 or more results are due,
-// until 32 are queued or the first waited 20 us.  Slow tasks make results
-// come back one by one, so the submits trickle and are held; every task
-// still runs once and reaches its client, and the window never stalls (a
-// hold that never ended would leave chi_wait waiting: the wait is bounded).
-// Then a sum checks that the results are the tasks' own.
-void test_zmq_gather(void **) {
-  if (g_transport == "shm") return skip();  // no I/O thread
-  ServerFixture f = start_server();
-  chi_config_t cfg;
-  chi_config_init(&cfg);
-  cfg.mode = CHI_MODE_CLIENT;
-  cfg.server_address = f.address.c_str();
-  cfg.settings = "client_gather_us: 20\nclient_spin_min_cpus: 1\n";
-  chi_runtime_t *c = nullptr;
-  assert_status(CHI_OK, chi_init(&cfg, &c));
-  const long done_before = g_sleeps_done.load();
-  const long tasks = chi_test_scaled(2000);
-  const size_t window = 64;
-  const uint64_t us = 50;
-  std::vector<chi_future_t> pending;
-  auto settle_one = [&] {
-    assert_status(CHI_OK, chi_wait(c, pending.front(), 30 * 1000000000LL, nullptr, 0, nullptr));
-    pending.erase(pending.begin());
-  };
-  for (long i = 0; i < tasks; ++i) {
-    chi_future_t fu;
-    chi_status_t st;
-    while ((st = chi_submit(c, CHI_ROUTE_CPU, f.sleep_method, &us, sizeof us, &fu)) == CHI_ERR_AGAIN) settle_one();
-    assert_status(CHI_OK, st);
-    pending.push_back(fu);
-    if (pending.size() >= window) settle_one();
-  }
-  while (!pending.empty()) settle_one();
-  assert_int_equal(g_sleeps_done.load() - done_before, tasks);
-  for (uint64_t k = 0; k < 100; ++k) assert_int_equal(add(c, k, 1000003), k + 1000003);
-  assert_status(CHI_OK, chi_finalize(c));
-  assert_status(CHI_OK, chi_finalize(f.rt));
-}
-
 // 64 client processes connected at once, each checking every result.
 void test_many_clients(void **) {
   ServerFixture f = start_server();
@@ -1628,7 +1587,6 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_malformed_frames),
       cmocka_unit_test(test_curve),
       cmocka_unit_test(test_poller_balance),
-      cmocka_unit_test(test_zmq_gather),
       cmocka_unit_test(test_many_clients),
       cmocka_unit_test(test_churn),
       cmocka_unit_test(test_gpu_route_through_server),

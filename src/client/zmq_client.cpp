@@ -36,16 +36,11 @@ ZmqClient::~ZmqClient() {
       ipc::Frame bye;
       bye.kind = ipc::Kind::kBye;
       ipc::encode_frame(bye, &out_control_);
-      out_control_ready_.store(true, std::memory_order_release);
     }
     wake_io();
     quit_.store(true, std::memory_order_release);
     wake_io();
     io_.join();
-    // How many tasks a message carried (client_gather_us; the I/O thread has ended).
-    if (io_task_msgs_)
-      log(LogLevel::kDebug, "ZeroMQ client of %s: %llu task(s) in %llu message(s), %llu turn(s) held", address_.c_str(),
-          (unsigned long long)io_tasks_sent_, (unsigned long long)io_task_msgs_, (unsigned long long)io_held_);
   }
   if (monitor_) zmq_close(monitor_);
   if (dealer_) zmq_close(dealer_);
@@ -134,7 +129,6 @@ chi_status_t ZmqClient::open(bool control) {
   try {
     io_busy_spin_ns_ = wait_yield_ns();
     io_idle_spin_ns_ = wait_spin_ns();
-    gather_ns_ = int64_t(cfg_.client_gather_us) * 1000;
     io_ = std::thread(&ZmqClient::io_main, this);
   } catch (const std::exception &e) {
     return set_error(CHI_ERR_NOMEM, "cannot start the client's I/O thread: %s", e.what());
@@ -156,7 +150,6 @@ chi_status_t ZmqClient::open(bool control) {
     f.payload = reinterpret_cast<const uint8_t *>(&hello);
     f.size = sizeof hello;
     ipc::encode_frame(f, &out_control_);
-    out_control_ready_.store(true, std::memory_order_release);
   }
   wake_io();
   std::unique_lock<std::mutex> lock(reply_mu_);
@@ -244,7 +237,7 @@ void ZmqClient::io_main() {
     // connection closed is delivered, not lost to the disconnect.
     if (items[0].revents & ZMQ_POLLIN) moved += io_receive();
     if (items[2].revents & ZMQ_POLLIN) io_monitor();
-    if ((!awake || n > 0 || out_ready_.load(std::memory_order_acquire)) && !io_gather()) moved += io_send_queued();
+    if (!awake || n > 0 || out_ready_.load(std::memory_order_acquire)) moved += io_send_queued();
     if (moved) worked_at = now_ns();
   }
   io_awake_.store(false, std::memory_order_seq_cst);
@@ -282,32 +275,6 @@ void ZmqClient::io_monitor() {
   }
 }
 
-bool ZmqClient::io_gather() {
-  // Only an awake I/O thread (it turns every few microseconds) holds: a
-  // sleeping one already gathers what came while it slept.  With many
-  // results due, a message per turn would carry a task or two, and libzmq
-  // (CURVE most: it seals each message) costs per message; so submits wait
-  // until kGatherTasks are queued or the first has waited client_gather_us.  A
-  // control frame, or few results due (round trips), go at once.
-  constexpr uint32_t kGatherInFlight = 32;
-  constexpr uint32_t kGatherTasks = 32;
-  if (gather_ns_ == 0 || !io_awake_.load(std::memory_order_relaxed) || io_outstanding_ < kGatherInFlight ||
-      out_control_ready_.load(std::memory_order_acquire) ||
-      out_tasks_.load(std::memory_order_acquire) >= kGatherTasks || !backlog_.empty()) {
-    gather_since_ = 0;
-    return false;
-  }
-  if (!out_ready_.load(std::memory_order_acquire)) return false;  // nothing queued: the send is a no-op
-  const int64_t now = now_ns();
-  if (gather_since_ == 0) gather_since_ = now;
-  if (now - gather_since_ < gather_ns_) {
-    ++io_held_;
-    return true;
-  }
-  gather_since_ = 0;
-  return false;
-}
-
 uint32_t ZmqClient::io_send_queued() {
   // Frames the socket refused earlier go first, in order.
   while (!backlog_.empty()) {
@@ -319,20 +286,16 @@ uint32_t ZmqClient::io_send_queued() {
   {
     std::lock_guard<std::mutex> lock(out_mu_);
     out_ready_.store(false, std::memory_order_relaxed);
-    out_tasks_.store(0, std::memory_order_relaxed);
-    out_control_ready_.store(false, std::memory_order_relaxed);
     slots.swap(out_slots_);
     ctl.swap(out_control_);
   }
   io_outstanding_ += uint32_t(slots.size());
-  io_tasks_sent_ += slots.size();
-  auto send_or_keep = [&](std::string &&frame, bool tasks) {
-    io_task_msgs_ += tasks;
+  auto send_or_keep = [&](std::string &&frame) {
     if (!backlog_.empty() || zmq_send(dealer_, frame.data(), frame.size(), ZMQ_DONTWAIT) < 0)
       backlog_.push_back(std::move(frame));  // bounded: at most one frame per slot
   };
   const uint32_t moved = uint32_t(slots.size()) + (ctl.empty() ? 0u : 1u);
-  if (!ctl.empty()) send_or_keep(std::move(ctl), false);
+  if (!ctl.empty()) send_or_keep(std::move(ctl));
   // The submits queued since the last turn leave as batches: one message
   // part of up to kBatchBytes per batch (libzmq's cost is per message).
   std::string batch;
@@ -347,11 +310,11 @@ uint32_t ZmqClient::io_send_queued() {
     f.size = uint32_t(s.data.size());
     ipc::append_frame(f, &batch);
     if (batch.size() >= ipc::kBatchBytes) {
-      send_or_keep(std::move(batch), true);
+      send_or_keep(std::move(batch));
       batch.clear();
     }
   }
-  if (!batch.empty()) send_or_keep(std::move(batch), true);
+  if (!batch.empty()) send_or_keep(std::move(batch));
   return moved;
 }
 
@@ -433,7 +396,6 @@ chi_status_t ZmqClient::control(ipc::Op op, uint16_t flags, const void *payload,
     f.payload = static_cast<const uint8_t *>(payload);
     f.size = length;
     ipc::encode_frame(f, &out_control_);
-    out_control_ready_.store(true, std::memory_order_release);
   }
   wake_io();
   lock.lock();
@@ -481,7 +443,6 @@ chi_status_t ZmqClient::submit(chi_route_t route, chi_method_t method, const voi
   {
     std::lock_guard<std::mutex> lock(out_mu_);
     out_slots_.push_back(i);
-    out_tasks_.store(uint32_t(out_slots_.size()), std::memory_order_release);
   }
   // An awake I/O thread sees out_ready_ at its next look (Dekker with io_main).
   out_ready_.store(true, std::memory_order_seq_cst);

@@ -58,8 +58,6 @@ class ZmqClient final : public Client {
   void io_main();
   // Both return how many submits / results they moved.
   uint32_t io_send_queued();
-  // True while the I/O thread lets queued submits gather into one message.
-  bool io_gather();
   uint32_t io_receive();
   bool io_frame(const ipc::Frame &f);
   void io_monitor();
@@ -79,15 +77,6 @@ class ZmqClient final : public Client {
   std::atomic<bool> io_awake_{false};
   // Submits queued since the I/O thread last took the queue.
   std::atomic<bool> out_ready_{false};
-  // How many of them are task submits, and whether a control frame waits.
-  std::atomic<uint32_t> out_tasks_{0};
-  std::atomic<bool> out_control_ready_{false};
-  // When the awake I/O thread started holding queued submits (0: it is not).
-  int64_t gather_since_ = 0;
-  int64_t gather_ns_ = 0;  // client_gather_us; 0: never hold
-  // I/O thread only: task submits sent, the messages that carried them, and
-  // the turns io_gather() held (logged at debug level at the end).
-  uint64_t io_tasks_sent_ = 0, io_task_msgs_ = 0, io_held_ = 0;
   int64_t io_busy_spin_ns_ = 0;  // polling while results are due: client_yield_ns
   int64_t io_idle_spin_ns_ = 0;  // ... and after its last work: spin_ns
   uint32_t io_outstanding_ = 0;  // submits sent, results not yet seen (I/O thread only)

@@ -181,8 +181,6 @@ const Setting kSettings[] = {
      [](Config &c, const Value &v) { c.worker_pop_batch = static_cast<uint32_t>(v.i); }},
     {"client_yield_ns", "CHI_CLIENT_YIELD_NS", Kind::kInt, 0, 10000000000, false,
      [](Config &c, const Value &v) { c.client_yield_ns = v.i; }},
-    {"client_gather_us", "CHI_CLIENT_GATHER_US", Kind::kInt, 0, 10000, false,
-     [](Config &c, const Value &v) { c.client_gather_us = static_cast<uint32_t>(v.i); }},
     {"client_spin_min_cpus", "CHI_CLIENT_SPIN_MIN_CPUS", Kind::kInt, 1, 65536, false,
      [](Config &c, const Value &v) { c.client_spin_min_cpus = static_cast<uint32_t>(v.i); }},
     {"submit_blocking", "CHI_SUBMIT_BLOCKING", Kind::kBool, 0, 0, false,

@@ -55,7 +55,6 @@ struct Config {
   uint32_t worker_pop_batch = 0;       // tasks a worker takes from a shared queue at once, 1..8;
                                        // 0: 4 with 16+ hardware threads, else 1
   int64_t client_yield_ns = 1000000;   // a client's waiter then polls with sched_yield this long, 0..1e10
-  uint32_t client_gather_us = 0;        // ZeroMQ: an awake I/O thread lets submits gather this long (0: off), 0..10000
   uint32_t client_spin_min_cpus = 4;   // clients spin and yield only on machines of at least this many CPUs
   bool submit_blocking = true;         // full slots: block (up to submit_timeout_ms) or fail with CHI_ERR_AGAIN
   uint32_t submit_timeout_ms = 1000;   // bound of a blocking submit, 0..3600000
