@@ -229,6 +229,9 @@ typedef struct chi_dev_orch_state {
 #define CHI_DIAG_PHASE_LOCK 5u    /* taking the device's lock */
 #define CHI_DIAG_PHASE_QUERY 6u   /* asking CUDA whether the running launch ended (SLEEP or WAIT_END
                                    * otherwise; a device-wide call may hold this one) */
+/* Names of the phases, by value, for diagnostics: const char *const n[] = CHI_DIAG_PHASE_NAMES; */
+#define CHI_DIAG_PHASE_NAMES {"?", "idle", "sleep", "queue", "wait-end", "lock", "query"}
+#define CHI_DIAG_PHASE_COUNT 7u
 
 #define CHI_DEV_FAULT_ABI 1u /* kernel compiled against another chimaera_device.h */
 

@@ -148,7 +148,7 @@ static inline uint64_t gt_realtime_ns(void) {
  * device_layout.h); compare them with each other. */
 static inline std::string gt_diag_line(const volatile uint64_t *d, uint64_t now) {
   if (!d) return "(no diag words)";
-  static const char *const phases[] = {"?", "idle", "sleep", "queue", "wait-end", "lock", "query"};
+  static const char *const phases[] = CHI_DIAG_PHASE_NAMES;
   static const char *const branches[] = {"-", "queued", "trying", "late"};
   const uint64_t host = d[CHI_DIAG_KEEP_HOST], st = d[CHI_DIAG_KEEP_STATE], end = d[CHI_DIAG_END];
   const uint64_t ph = d[CHI_DIAG_LEASE_PHASE];
@@ -157,7 +157,7 @@ static inline std::string gt_diag_line(const volatile uint64_t *d, uint64_t now)
            "lease thread: %s for launch %llu since %.1f us | newest launch %llu started %.1f us ago | "
            "last end: launch %llu (%s) %.1f us ago | keeper of %llu %.1f us ago: host queued %llu trying %llu, "
            "quiet %.1f us, in use %d, %s%s",
-           phases[ph < 7 ? ph : 0], (unsigned long long)d[CHI_DIAG_LEASE_N],
+           phases[ph < CHI_DIAG_PHASE_COUNT ? ph : 0], (unsigned long long)d[CHI_DIAG_LEASE_N],
            (double)(now - d[CHI_DIAG_LEASE_AT]) / 1e3, (unsigned long long)d[CHI_DIAG_START_EPOCH],
            (double)(int64_t)(now - d[CHI_DIAG_START_AT]) / 1e3, (unsigned long long)(end >> 8),
            (end & 0xFF) == CHI_DIAG_END_STOP ? "stop" : (end & 0xFF) == CHI_DIAG_END_LEASE ? "lease" : "-",

@@ -596,20 +596,6 @@ int main(int argc, char **argv) {
     // The round's outcomes, one client per kind.
     std::string text;
     uint64_t again = 0;
-    for (uint32_t k = 0; k < kKinds; ++k)
-      for (uint32_t seq = 0; seq < tasks[k]; ++seq)
-        again += static_cast<int32_t>(static_cast<uint32_t>(outcomes[p.off[k] + seq])) == CHI_ERR_AGAIN;
-    if (again && diag) {
-      // Why GPU->GPU submits answered CHI_ERR_AGAIN: the gate's last give-up
-      // and the orchestrator's state (device_layout.h, CHI_DIAG_*).
-      const uint64_t w = diag[CHI_DIAG_GATE_GAVE_UP_WHY];
-      printf("soak_gpu: round %u: %llu submits answered CHI_ERR_AGAIN; last gate give-up after %llu us, lease thread "
-             "phase %llu%s; step-asides so far %llu; %s\n",
-             rounds, (unsigned long long)again, (unsigned long long)(w >> 32), (unsigned long long)(w & 0xFFu),
-             (w >> 8) & 1u ? " (submit timeout)" : "", (unsigned long long)diag[CHI_DIAG_ASIDE_N],
-             gt_diag_line(diag, gt_realtime_ns()).c_str());
-      fflush(stdout);
-    }
     for (uint32_t k = 0; k < kKinds; ++k) {
       Tally &t = g_tally[k];
       Runs r;
@@ -635,10 +621,22 @@ int main(int argc, char **argv) {
           t.failed++;
         if (st == SOAK_BAD_OUTPUT) t.bad++;
         if (st == SOAK_HANG) t.hangs++;
+        again += st == CHI_ERR_AGAIN;
         r.add(letter, st, seq);
       }
       r.flush();
       text += r.text + fmt("X %lld round submitted %u\n", (long long)now_ms(), tasks[k]);
+    }
+    if (again && diag) {
+      // Why GPU->GPU submits answered CHI_ERR_AGAIN: the gate's last give-up
+      // and the orchestrator's state (device_layout.h, CHI_DIAG_*).
+      const uint64_t w = diag[CHI_DIAG_GATE_GAVE_UP_WHY];
+      printf("soak_gpu: round %u: %llu submits answered CHI_ERR_AGAIN; last gate give-up after %llu us, lease thread "
+             "phase %llu%s; step-asides so far %llu; %s\n",
+             rounds, (unsigned long long)again, (unsigned long long)(w >> 32), (unsigned long long)(w & 0xFFu),
+             (w >> 8) & 1u ? " (submit timeout)" : "", (unsigned long long)diag[CHI_DIAG_ASIDE_N],
+             gt_diag_line(diag, gt_realtime_ns()).c_str());
+      fflush(stdout);
     }
     write_all(kfd, text);
     rounds++;

@@ -796,7 +796,7 @@ bool route_ok(const RouteOut &o, chi_bench_row *row, const Gpu &g, const LeaseMa
   if (o.status == CHI_ERR_AGAIN) {
     const uint64_t w = diag_word(g, CHI_DIAG_ASIDE_WHY);
     const uint64_t gw = diag_word(g, CHI_DIAG_GATE_GAVE_UP_WHY);
-    static const char *const phases[] = {"?", "idle", "sleep", "queue", "wait-end", "lock", "query"};
+    static const char *const phases[] = CHI_DIAG_PHASE_NAMES;
     std::snprintf(why, sizeof why, "; orchestrator stepped aside %llu times in this row (the runtime's "
                   "total: %llu, %llu for the bell, %llu with slots in use; last: %s, slots %s, routes quiet %llu us)"
                   "; the last submit to give up at the closed gate waited %llu us, lease thread %s%s",
@@ -806,7 +806,7 @@ bool route_ok(const RouteOut &o, chi_bench_row *row, const Gpu &g, const LeaseMa
                   static_cast<unsigned long long>(diag_word(g, CHI_DIAG_ASIDE_IN_USE)),
                   (w & 1u) ? "bell" : "lease, successor not queued", (w & 2u) ? "in use" : "free",
                   static_cast<unsigned long long>(w >> 32), static_cast<unsigned long long>(gw >> 32),
-                  phases[(gw & 0xFFu) < 7u ? (gw & 0xFFu) : 0u], (gw >> 8) & 1u ? " (submit timeout)" : "");
+                  phases[(gw & 0xFFu) < CHI_DIAG_PHASE_COUNT ? (gw & 0xFFu) : 0u], (gw >> 8) & 1u ? " (submit timeout)" : "");
   }
   chi_bench_row_fail(row, o.status, "%s: %s (task %llu)%s", where_name(o.where),
                      chi_status_string(o.status), o.index, why);
