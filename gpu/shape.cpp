@@ -58,7 +58,15 @@ Shape make_shape(const Config &cfg, int sm_count) {
   // The orchestrator is meant to leave most of the GPU to other kernels.
   uint32_t max_blocks = sm_count > 1 ? uint32_t(sm_count) / 2 : 1;
   s.blocks = cfg.gpu.blocks;
-  if (s.blocks > max_blocks) {
+  if (s.blocks == 0) {
+    // One block per 8 SMs, 1..16.  GPU->GPU throughput grows with the
+    // worker warps; on an H200 (132 SMs, 4-warp blocks, chimaera-bench's
+    // "gpu0->local 1056 warps" row at 64 B, 2026-11-27) 4 blocks gave 7.6,
+    // 16 blocks 35 M tasks/s, for a footprint on a grid-filling FMA kernel
+    // of +1.3-1.5% either way and on a copy kernel of +5.7-6.1% against
+    // +6.6-7.2% (docs/performance.md, "How many orchestrator warps").
+    s.blocks = std::clamp<uint32_t>(sm_count > 0 ? uint32_t(sm_count) / 8 : 1, 1, 16);
+  } else if (s.blocks > max_blocks) {
     log(LogLevel::kWarn, "gpu.blocks %u lowered to %u (half of the GPU's %d SMs)", s.blocks,
         max_blocks, sm_count);
     s.blocks = max_blocks;

@@ -253,7 +253,7 @@ static void env_errors(void **state) {
   expect_env_error("CHI_MODE", "remote", "expected one of embedded, client");
   expect_env_error("CHI_SERVER_ADDRESS", "tcp://host", "expected an address");
   expect_env_error("CHI_GPU_DEVICES", "-2", "expected an integer in [-1, 1024]");
-  expect_env_error("CHI_GPU_BLOCKS", "0", "expected an integer in [1, 1024]");
+  expect_env_error("CHI_GPU_BLOCKS", "1025", "expected an integer in [0, 1024]");
   expect_env_error("CHI_GPU_WARPS_PER_BLOCK", "64", "expected an integer in [1, 32]");
   expect_env_error("CHI_GPU_QUEUE_DEPTH", "3", "expected a power of two");
   expect_env_error("CHI_GPU_DEVICE_SLOTS", "16", "expected a power of two in [32, 4194304]");

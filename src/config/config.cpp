@@ -229,7 +229,7 @@ const Setting kSettings[] = {
      [](Config &c, const Value &v) { c.server.shutdown_timeout_ms = static_cast<uint32_t>(v.i); }},
     {"gpu.devices", "CHI_GPU_DEVICES", Kind::kInt, -1, kMaxGpus, false,
      [](Config &c, const Value &v) { c.gpu.devices = static_cast<int32_t>(v.i); }},
-    {"gpu.blocks", "CHI_GPU_BLOCKS", Kind::kInt, 1, 1024, false,
+    {"gpu.blocks", "CHI_GPU_BLOCKS", Kind::kInt, 0, 1024, false,
      [](Config &c, const Value &v) { c.gpu.blocks = static_cast<uint32_t>(v.i); }},
     {"gpu.warps_per_block", "CHI_GPU_WARPS_PER_BLOCK", Kind::kInt, 1, 32, false,
      [](Config &c, const Value &v) { c.gpu.warps_per_block = static_cast<uint32_t>(v.i); }},

@@ -13,7 +13,7 @@ namespace chi {
 
 struct GpuConfig {
   int32_t devices = -1;            // -1: all visible, 0: none, n: the first n (error if fewer)
-  uint32_t blocks = 4;             // orchestrator grid size, 1..1024
+  uint32_t blocks = 0;             // orchestrator grid size, 1..1024; 0: one per 8 SMs, 1..16
   uint32_t warps_per_block = 4;    // orchestrator block size in warps, 1..32 (over 16 lowered)
   uint32_t queue_depth = 1024;     // CPU->GPU task slots per GPU, power of two, 2..1<<20
   uint32_t device_slots = 8192;    // GPU->GPU and GPU->CPU slots per GPU each, power of two, 32..1<<22
