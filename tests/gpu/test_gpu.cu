@@ -388,6 +388,39 @@ __global__ void k_resolve(chi_dev_context_t ctx, const chi_mem_ref_t *refs, int 
   ptrs[i] = (uint64_t)p;
 }
 
+/* Every lane of the grid: chi.add of two numbers of its own over `route`,
+ * all in flight together (on the GPU->GPU route a round of the
+ * orchestrator's worker holds many of them, each run by its own lane).
+ * Thread 0 also sends an 8-byte input (CHI_ERR_INVALID at the wait) and
+ * waits with a 4-byte buffer (CHI_ERR_TOO_LARGE, then the sum).
+ * cnt[0] wrong sums, cnt[2] right ones, cnt[3] first bad status;
+ * st[0..2]: thread 0's statuses. */
+__global__ void k_add(chi_dev_context_t ctx, chi_route_t route, unsigned long long *cnt, int32_t *st) {
+  const uint64_t t = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x;
+  uint64_t ab[2] = {t * 1000003ull + 17u, ~t << 20};
+  chi_future_t f;
+  chi_status_t s;
+  while ((s = chi_dev_submit(&ctx, route, CHI_METHOD_ADD, ab, 16, &f)) == CHI_ERR_AGAIN) __nanosleep(500);
+  uint64_t sum = 0;
+  uint32_t n = 0;
+  if (s == CHI_OK) s = chi_dev_wait(&ctx, f, GT_WAIT_NS, &sum, 8, &n);
+  if (s != CHI_OK || n != 8 || sum != ab[0] + ab[1]) {
+    if (atomicAdd(&cnt[0], 1ull) == 0) cnt[3] = (unsigned long long)(uint32_t)s;
+  } else {
+    atomicAdd(&cnt[2], 1ull);
+  }
+  if (t != 0) return;
+  st[0] = chi_dev_submit(&ctx, route, CHI_METHOD_ADD, ab, 8, &f);
+  st[1] = st[0] == CHI_OK ? chi_dev_wait(&ctx, f, GT_WAIT_NS, &sum, 8, &n) : -100;
+  uint32_t small = 0;
+  st[2] = chi_dev_submit(&ctx, route, CHI_METHOD_ADD, ab, 16, &f);
+  if (st[2] == CHI_OK) st[2] = chi_dev_wait(&ctx, f, GT_WAIT_NS, &small, 4, &n); /* TOO_LARGE */
+  st[3] = (int32_t)n;
+  sum = 0;
+  st[4] = chi_dev_wait(&ctx, f, GT_WAIT_NS, &sum, 8, &n);
+  st[5] = sum == ab[0] + ab[1];
+}
+
 /* ------------------------------------------------------------------ tests */
 
 static void run_payloads(chi_route_t route) {
@@ -740,6 +773,29 @@ static void test_idle_lease(void **state) {
   assert_memory_equal(in, out, 64);
 }
 
+static void run_add(chi_route_t route) {
+  memset(g_cnt, 0, 8 * sizeof *g_cnt);
+  memset(g_st, 0x7F, 64 * sizeof(int32_t));
+  k_add<<<8, 128, 0, g_stream>>>(g_ctx, route, g_cnt, g_st);
+  sync_stream();
+  printf("# route %d: chi.add from 1024 threads: %llu right, %llu wrong\n", route, g_cnt[2], g_cnt[0]);
+  if (g_cnt[0] != 0)
+    fail_msg("route %d: %llu wrong sums (first status %d)", route, g_cnt[0], (int)g_cnt[3]);
+  assert_int_equal(g_cnt[2], 1024);
+  assert_status(CHI_OK, g_st[0]);
+  assert_status(CHI_ERR_INVALID, g_st[1]);      /* 8 bytes: not two numbers */
+  assert_status(CHI_ERR_TOO_LARGE, g_st[2]);    /* a 4-byte buffer: the future stays */
+  assert_int_equal(g_st[3], 8);
+  assert_status(CHI_OK, g_st[4]);
+  assert_int_equal(g_st[5], 1);
+}
+
+static void test_d2d_add(void **state) {
+  (void)state;
+  run_add(CHI_ROUTE_LOCAL);
+  run_add(CHI_ROUTE_CPU);
+}
+
 static void test_d2h_many_warps(void **state) {
   (void)state;
   run_many(CHI_ROUTE_CPU);
@@ -940,6 +996,7 @@ int main(void) {
       cmocka_unit_test(test_device_timeout), cmocka_unit_test(test_wait_claims),
       cmocka_unit_test(test_d2h_many_warps),
       cmocka_unit_test(test_d2d_many_warps), cmocka_unit_test(test_diverged_lanes),
+      cmocka_unit_test(test_d2d_add),
       cmocka_unit_test(test_pause_resume),   cmocka_unit_test(test_regions),
       cmocka_unit_test(test_second_gpu),
   };
