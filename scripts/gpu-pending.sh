@@ -1,38 +1,36 @@
 #!/usr/bin/env bash
-# What the 2026-11-27 seventh session left unmeasured, in one device call
-# (about 6-8 minutes on the 16-CPU GPU host; PENDING_PARTS splits it):
-#   build   this tree (scripts/gpu-run.sh's build step);
-#   ctest   `ctest -L gpu`;
-#   spin    chimaera-bench's CPU rows with 16 submitters, GPUs hidden, under
-#           settings in turns: the defaults, shorter spins (spin_ns 5000
-#           and 0: do waiters that spin less leave the CPUs to the
-#           workers?), and 8 workers with pops of 8, with and without the
-#           shorter spin (docs/performance.md, "Sixteen submitters and how
-#           many workers");
-#   coexist test_gpu_coexist's device-wide call times (its "# ..." lines)
-#           from this tree and, with build-abtrees/base.tar.gz, from a base
-#           built beside it, in turns: what the new GPU->GPU gate wait costs
-#           a device-wide call (docs/gpu.md, "Coexisting with other CUDA
-#           code");
-#   soak    a 3-minute GPU soak (scripts/gpu-soak.sh), with the rounds whose
-#           submits answered CHI_ERR_AGAIN (soak_gpu prints the gate's last
-#           give-up).
+# What is left to run on a GPU machine, in one device call (about 6-8
+# minutes on the 16-CPU GPU host; PENDING_PARTS picks parts):
+#   build    this tree (scripts/gpu-run.sh's build step);
+#   ctest    `ctest -L gpu`;
+#   sanitize compute-sanitizer memcheck and racecheck over the tests that
+#            run under it (scripts/gpu-run.sh's sanitize step; not run on
+#            the solo built-ins' tree of 2026-11-27, eighth session);
+#   spin     chimaera-bench's CPU rows with 16 submitters, GPUs hidden,
+#            under settings in turns: the defaults, spin_ns 5000 and 0, and
+#            8 workers with pops of 8, with and without the shorter spin
+#            (docs/performance.md, "Sixteen submitters and how many workers");
+#   coexist  test_gpu_coexist's device-wide call times from this tree and,
+#            with build-abtrees/base.tar.gz, from a base built beside it, in
+#            turns (docs/gpu.md, "Coexisting with other CUDA code");
+#   soak     a 3-minute GPU soak (scripts/gpu-soak.sh), with the rounds whose
+#            submits answered CHI_ERR_AGAIN (soak_gpu prints the gate's last
+#            give-up).
 # Results in $OUT: summary.txt, pending.tgz with the raw runs, and the
 # soak's own files.
 #
-#   here:   scripts/gpu-route-ab.sh prepare aefc6aa   (the base of the coexist
-#           part: before the gate wait's change; optional)
+#   here:   scripts/gpu-route-ab.sh prepare REF   (the coexist part's base; optional)
 #   device: run(command="bash scripts/gpu-pending.sh", carry=[".devdeps", "build-abtrees"])
 #
 # Environment: PENDING_ROUNDS (default 2), PENDING_PARTS (default
-# "build ctest spin coexist soak"; without build, build-gpu must be there).
+# "build ctest sanitize soak"; without build, build-gpu must be there).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/chi-pending-out}
 mkdir -p "$OUT/raw"
 SUMMARY=$OUT/summary.txt
 ROUNDS=${PENDING_ROUNDS:-2}
-PARTS=${PENDING_PARTS:-build ctest spin coexist soak}
+PARTS=${PENDING_PARTS:-build ctest sanitize soak}
 part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 note() { echo "$*" | tee -a "$SUMMARY"; }
 
@@ -50,6 +48,13 @@ if part ctest; then
   (cd build-gpu && timeout 120 ctest -L gpu >"$OUT/raw/ctest-gpu.log" 2>&1)
   note "ctest -L gpu rc=$?: $(grep -E 'tests passed' "$OUT/raw/ctest-gpu.log")"
   grep -E '\*\*\*|Failed' "$OUT/raw/ctest-gpu.log" | tee -a "$SUMMARY"
+fi
+
+if part sanitize; then
+  OUT=$OUT/raw/sanitize GPU_RUN_STEPS=sanitize GPU_RUN_BUDGET=240 bash scripts/gpu-run.sh >/dev/null 2>&1
+  note ""
+  note "== compute-sanitizer"
+  grep -E "compute-sanitizer|ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/raw/sanitize/summary.txt" 2>/dev/null | tee -a "$SUMMARY"
 fi
 
 if part spin; then
