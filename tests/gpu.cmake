@@ -76,3 +76,9 @@ elseif(CHI_HAVE_HIP)
   target_link_libraries(device_api_check PRIVATE chimaera::chimaera)
   chi_hip_target(device_api_check)
 endif()
+
+# The orchestrator's grid from the configuration and the SM count (host
+# arithmetic, every build).
+chi_add_test(test_gpu_shape SOURCES test_gpu_shape.cpp ${PROJECT_SOURCE_DIR}/gpu/shape.cpp
+  ${PROJECT_SOURCE_DIR}/src/base/log.cpp TIMEOUT 60 LABELS core)
+target_include_directories(test_gpu_shape PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR})
