@@ -8,8 +8,9 @@
  * One loop, shared by the library's built-in orchestrator and by every user
  * orchestrator made with CHI_DEFINE_ORCHESTRATOR, so built-in methods always
  * work.  Warps 0 .. h2d_pollers-1 poll the CPU->GPU ring (each its share of
- * tickets) and run what they find; the other warps run the GPU->GPU queue
- * (with a single warp, it does both).  Handlers run on a whole warp.  The
+ * tickets) and run what they find; the other warps serve the GPU->GPU
+ * bells (with a single warp, it does both).  Handlers run on a whole warp,
+ * except the built-ins of a round with several of them (run_solo_task).  The
  * kernel ends after its lease (state->lease_ns) or at the stop flag and is
  * relaunched by the runtime; a launch picks up where the last one stopped.
  */
@@ -255,9 +256,11 @@ CHI_DEVICE_NOINLINE uint64_t run_local_task(const chi_dev_orch_state_t *st, uint
 
 /* Built-in methods run by the task's own lane (GPU->GPU, input and output
  * of up to 64 bytes): a round's tasks of these then run side by side, not
- * one after another on the whole warp (on an H200 the 1056-warp echo row
- * went from 35 to 57 M tasks/s at 64 B).  The same checks and results as
- * builtin_echo, builtin_add and builtin_checksum. */
+ * one after another on the whole warp (on an H100 the 1056-warp echo row
+ * went from 35 to 70 M tasks/s at 64 B; docs/performance.md, "Solo
+ * built-ins").  The same checks and results as builtin_echo, builtin_add
+ * and builtin_checksum: run_builtin_solo repeats their checks and FNV-1a
+ * (in registers), so a change to one must go to the other. */
 CHI_DEVICE bool solo_builtin(uint32_t m, uint32_t input_size) {
   return (m == CHI_METHOD_ECHO || m == CHI_METHOD_ADD || m == CHI_METHOD_CHECKSUM) &&
          input_size <= CHI_DEV_D2D_LL_BYTES;
