@@ -67,14 +67,26 @@ CHI_DEVICE void warp_copy_from_host(uint8_t *dst, const uint8_t *src, uint32_t n
   }
 }
 
+/* The built-ins' checks, the same on every path (run_handler's and
+ * run_builtin_solo's): echo needs room for its input; add two 8-byte
+ * numbers and 8 bytes of room; checksum 8 bytes of room. */
+CHI_DEVICE chi_status_t builtin_check(uint32_t m, uint32_t input_size, uint32_t capacity) {
+  if (m == CHI_METHOD_ECHO) return input_size > capacity ? CHI_ERR_TOO_LARGE : CHI_OK;
+  if (m == CHI_METHOD_ADD) return input_size != 16u || capacity < 8u ? CHI_ERR_INVALID : CHI_OK;
+  return capacity < 8u ? CHI_ERR_TOO_LARGE : CHI_OK;
+}
+/* FNV-1a (chi.checksum), one byte at a time. */
+constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
+CHI_DEVICE uint64_t fnv_byte(uint64_t h, uint32_t byte) { return (h ^ (byte & 0xFFu)) * 0x100000001b3ull; }
+
 CHI_DEVICE chi_status_t builtin_echo(chi_dev_request_t *r, uint32_t lane) {
-  if (r->input_size > r->output_capacity) return CHI_ERR_TOO_LARGE;
+  if (const chi_status_t s = builtin_check(CHI_METHOD_ECHO, r->input_size, r->output_capacity)) return s;
   warp_copy(static_cast<uint8_t *>(r->output), static_cast<const uint8_t *>(r->input), r->input_size, lane);
   r->output_size = r->input_size;
   return CHI_OK;
 }
 CHI_DEVICE chi_status_t builtin_add(chi_dev_request_t *r, uint32_t lane) {
-  if (r->input_size != 16u || r->output_capacity < 8u) return CHI_ERR_INVALID;
+  if (const chi_status_t s = builtin_check(CHI_METHOD_ADD, r->input_size, r->output_capacity)) return s;
   if (lane == 0) {
     const uint8_t *in = static_cast<const uint8_t *>(r->input);
     uint64_t a = 0, b = 0;
@@ -92,26 +104,20 @@ CHI_DEVICE chi_status_t builtin_add(chi_dev_request_t *r, uint32_t lane) {
 /* FNV-1a is sequential: lane 0 hashes, reading words where it can. */
 CHI_DEVICE uint64_t fnv1a64(const void *data, uint32_t n) {
   const uint8_t *p = static_cast<const uint8_t *>(data);
-  uint64_t h = 0xcbf29ce484222325ull;
+  uint64_t h = kFnvOffset;
   uint32_t i = 0;
   if ((reinterpret_cast<uintptr_t>(p) & 3u) == 0) {
     for (; i + 4u <= n; i += 4u) {
       uint32_t w = *reinterpret_cast<const uint32_t *>(p + i);
 #pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        h ^= (w >> (8 * b)) & 0xFFu;
-        h *= 0x100000001b3ull;
-      }
+      for (int b = 0; b < 4; ++b) h = fnv_byte(h, w >> (8 * b));
     }
   }
-  for (; i < n; ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ull;
-  }
+  for (; i < n; ++i) h = fnv_byte(h, p[i]);
   return h;
 }
 CHI_DEVICE chi_status_t builtin_checksum(chi_dev_request_t *r, uint32_t lane) {
-  if (r->output_capacity < 8u) return CHI_ERR_TOO_LARGE;
+  if (const chi_status_t s = builtin_check(CHI_METHOD_CHECKSUM, r->input_size, r->output_capacity)) return s;
   if (lane == 0) {
     uint64_t h = fnv1a64(r->input, r->input_size);
     uint8_t *out = static_cast<uint8_t *>(r->output);
@@ -258,9 +264,9 @@ CHI_DEVICE_NOINLINE uint64_t run_local_task(const chi_dev_orch_state_t *st, uint
  * of up to 64 bytes): a round's tasks of these then run side by side, not
  * one after another on the whole warp (on an H100 the 1056-warp echo row
  * went from 35 to 70 M tasks/s at 64 B; docs/performance.md, "Solo
- * built-ins").  The same checks and results as builtin_echo, builtin_add
- * and builtin_checksum: run_builtin_solo repeats their checks and FNV-1a
- * (in registers), so a change to one must go to the other. */
+ * built-ins").  The same checks (builtin_check) and results as
+ * builtin_echo, builtin_add and builtin_checksum; FNV-1a here works on the
+ * input in registers, fnv1a64 on memory (both through fnv_byte). */
 CHI_DEVICE bool solo_builtin(uint32_t m, uint32_t input_size) {
   return (m == CHI_METHOD_ECHO || m == CHI_METHOD_ADD || m == CHI_METHOD_CHECKSUM) &&
          input_size <= CHI_DEV_D2D_LL_BYTES;
@@ -270,15 +276,14 @@ CHI_DEVICE bool solo_builtin(uint32_t m, uint32_t input_size) {
 CHI_DEVICE chi_status_t run_builtin_solo(uint32_t m, const uint32_t (&in)[kD2dLlWords], uint32_t input_size,
                                          uint32_t (&out)[kD2dLlWords], uint32_t capacity, uint32_t *output_size) {
   *output_size = 0;
+  if (const chi_status_t s = builtin_check(m, input_size, capacity)) return s;
   if (m == CHI_METHOD_ECHO) {
-    if (input_size > capacity) return CHI_ERR_TOO_LARGE;
 #pragma unroll
     for (uint32_t j = 0; j < kD2dLlWords; ++j) out[j] = in[j];
     *output_size = input_size;
     return CHI_OK;
   }
   if (m == CHI_METHOD_ADD) {
-    if (input_size != 16u || capacity < 8u) return CHI_ERR_INVALID;
     const uint64_t a = in[0] | (static_cast<uint64_t>(in[1]) << 32);
     const uint64_t b = in[2] | (static_cast<uint64_t>(in[3]) << 32);
     out[0] = static_cast<uint32_t>(a + b);
@@ -287,16 +292,12 @@ CHI_DEVICE chi_status_t run_builtin_solo(uint32_t m, const uint32_t (&in)[kD2dLl
     return CHI_OK;
   }
   /* CHI_METHOD_CHECKSUM: FNV-1a over the input's bytes, as fnv1a64. */
-  if (capacity < 8u) return CHI_ERR_TOO_LARGE;
-  uint64_t h = 0xcbf29ce484222325ull;
+  uint64_t h = kFnvOffset;
 #pragma unroll
   for (uint32_t j = 0; j < kD2dLlWords; ++j)
 #pragma unroll
     for (uint32_t b = 0; b < 4u; ++b)
-      if (4u * j + b < input_size) {
-        h ^= (in[j] >> (8u * b)) & 0xFFu;
-        h *= 0x100000001b3ull;
-      }
+      if (4u * j + b < input_size) h = fnv_byte(h, in[j] >> (8u * b));
   out[0] = static_cast<uint32_t>(h);
   out[1] = static_cast<uint32_t>(h >> 32);
   *output_size = 8;

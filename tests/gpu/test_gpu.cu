@@ -421,6 +421,56 @@ __global__ void k_add(chi_dev_context_t ctx, chi_route_t route, unsigned long lo
   st[5] = sum == ab[0] + ab[1];
 }
 
+/* Built-ins of every kind and outcome at once, so that the orchestrator's
+ * rounds hold many of them and run them on their own lanes (solo
+ * built-ins), errors included: by t % 6, chi.add of 16 bytes (the sum), of
+ * 8 and of 24 bytes (CHI_ERR_INVALID), chi.checksum of t % 65 bytes, chi.echo
+ * of t % 65 bytes, and chi.echo of 64 bytes into a 32-byte buffer
+ * (CHI_ERR_TOO_LARGE from the wait, then the bytes into a larger one).
+ * cnt[kind] counts right answers, cnt[6] wrong ones (cnt[7]: the first
+ * wrong thread and its status). */
+__device__ static bool gt_same(const uint8_t *a, const uint8_t *b, uint32_t n) {
+  for (uint32_t i = 0; i < n; ++i)
+    if (a[i] != b[i]) return false;
+  return true;
+}
+__global__ void k_builtins_mixed(chi_dev_context_t ctx, chi_route_t route, unsigned long long *cnt) {
+  const uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
+  const uint32_t kind = t % 6u;
+  uint8_t in[64], out[64];
+  for (uint32_t i = 0; i < 64; ++i) in[i] = (uint8_t)(t * 131u + i * 7u + 1u);
+  const uint64_t a = gt_load64(in), b = gt_load64(in + 8);
+  chi_method_t m = CHI_METHOD_ADD;
+  uint32_t n = 16, cap = 64;
+  if (kind == 1u) n = 8;
+  if (kind == 2u) n = 24;
+  if (kind == 3u) { m = CHI_METHOD_CHECKSUM; n = t % 65u; }
+  if (kind == 4u) { m = CHI_METHOD_ECHO; n = t % 65u; }
+  if (kind == 5u) { m = CHI_METHOD_ECHO; n = 64; cap = 32; }
+  chi_future_t f;
+  chi_status_t s;
+  while ((s = chi_dev_submit(&ctx, route, m, in, n, &f)) == CHI_ERR_AGAIN) __nanosleep(500);
+  uint32_t osz = 0;
+  bool ok = false;
+  if (s == CHI_OK) {
+    for (uint32_t i = 0; i < 64; ++i) out[i] = 0;
+    s = chi_dev_wait(&ctx, f, GT_WAIT_NS, out, cap, &osz);
+    if (kind == 0u) ok = s == CHI_OK && osz == 8 && gt_load64(out) == a + b;
+    if (kind == 1u || kind == 2u) ok = s == CHI_ERR_INVALID && osz == 0;
+    if (kind == 3u) ok = s == CHI_OK && osz == 8 && gt_load64(out) == gt_fnv(in, n);
+    if (kind == 4u) ok = s == CHI_OK && osz == n && gt_same(out, in, n);
+    if (kind == 5u && s == CHI_ERR_TOO_LARGE && osz == 64) { /* the future stays: a larger buffer */
+      s = chi_dev_wait(&ctx, f, GT_WAIT_NS, out, 64, &osz);
+      ok = s == CHI_OK && osz == 64 && gt_same(out, in, 64);
+    }
+  }
+  if (ok) {
+    atomicAdd(&cnt[kind], 1ull);
+  } else if (atomicAdd(&cnt[6], 1ull) == 0) {
+    cnt[7] = (unsigned long long)t << 32 | (uint32_t)s;
+  }
+}
+
 /* ------------------------------------------------------------------ tests */
 
 static void run_payloads(chi_route_t route) {
@@ -796,6 +846,27 @@ static void test_d2d_add(void **state) {
   run_add(CHI_ROUTE_CPU);
 }
 
+/* Many built-in tasks at once, every outcome (k_builtins_mixed): each
+ * thread's status and answer are checked. */
+static void run_builtins_mixed(chi_route_t route) {
+  memset(g_cnt, 0, 8 * sizeof *g_cnt);
+  k_builtins_mixed<<<8, 192, 0, g_stream>>>(g_ctx, route, g_cnt);
+  sync_stream();
+  printf("# route %d: 1536 mixed built-ins: add %llu, add 8 B %llu, add 24 B %llu, checksum %llu, echo %llu, "
+         "echo too large %llu right; %llu wrong\n",
+         route, g_cnt[0], g_cnt[1], g_cnt[2], g_cnt[3], g_cnt[4], g_cnt[5], g_cnt[6]);
+  if (g_cnt[6] != 0)
+    fail_msg("route %d: %llu wrong answers (first: thread %llu, kind %llu, status %d)", route, g_cnt[6],
+             g_cnt[7] >> 32, (g_cnt[7] >> 32) % 6, (int)(uint32_t)g_cnt[7]);
+  for (int k = 0; k < 6; ++k) assert_int_equal(g_cnt[k], 256);
+}
+
+static void test_d2d_builtins_mixed(void **state) {
+  (void)state;
+  run_builtins_mixed(CHI_ROUTE_LOCAL);
+  run_builtins_mixed(CHI_ROUTE_CPU);
+}
+
 static void test_d2h_many_warps(void **state) {
   (void)state;
   run_many(CHI_ROUTE_CPU);
@@ -997,6 +1068,7 @@ int main(void) {
       cmocka_unit_test(test_d2h_many_warps),
       cmocka_unit_test(test_d2d_many_warps), cmocka_unit_test(test_diverged_lanes),
       cmocka_unit_test(test_d2d_add),
+      cmocka_unit_test(test_d2d_builtins_mixed),
       cmocka_unit_test(test_pause_resume),   cmocka_unit_test(test_regions),
       cmocka_unit_test(test_second_gpu),
   };
