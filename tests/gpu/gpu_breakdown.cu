@@ -289,6 +289,89 @@ __global__ void k_fence_probe(const uint64_t *host, uint32_t reps, int mode, uin
   *ns = chi_port::timer_ns() - t0 + (sink == 1234567 ? 1 : 0);
 }
 
+/* One thread, `reps` times: the pieces of a GPU->GPU task's data path on
+ * their own (device memory), each closed by what makes it wait, so that
+ * the time of each is its cost on the path.  mode 0/1: ll_put of 8 / 64
+ * bytes, then a release add (gate_leave); 2: the 64-byte LL stores alone
+ * (8 x st.relaxed.gpu.v2) and the release add; 3: the same with plain
+ * stores; 4: one LL store and the release add; 5: the release add alone;
+ * 6: 16 4-byte loads of an input just stored to (a submit's input read);
+ * 7: 9 x ld.relaxed.gpu.v2 (a waiter's poll of a 64-byte reply); 8: 16
+ * 4-byte stores of an output (ll_get) and the release add.  *ns: total. */
+__global__ void k_path_probe(uint64_t *slot, uint8_t *in, uint8_t *out, uint32_t *word, uint32_t reps, int mode,
+                             uint64_t *ns) {
+  using namespace chi_dev_detail;
+  uint64_t sink = 0;
+  const uint64_t t0 = chi_port::timer_ns();
+  for (uint32_t r = 0; r < reps; ++r) {
+    const uint32_t flag = r + 1u;
+    if (mode == 0 || mode == 1) {
+      ll_put(slot, in, mode == 0 ? 8u : 64u, flag);
+      chi_port::fetch_add_release_dev(word, 1u);
+    } else if (mode == 2 || mode == 4) {
+      for (uint32_t j = 0; j < (mode == 2 ? 16u : 2u); j += 2u)
+        chi_port::ll_store16_dev(slot + j, ll_pack(j, flag), ll_pack(j + 1u, flag));
+      chi_port::fetch_add_release_dev(word, 1u);
+    } else if (mode == 3) {
+#pragma unroll
+      for (uint32_t j = 0; j < 16u; j += 2u)
+        *reinterpret_cast<ulonglong2 *>(slot + j) = make_ulonglong2(ll_pack(j, flag), ll_pack(j + 1u, flag));
+      chi_port::fetch_add_release_dev(word, 1u);
+    } else if (mode == 5) {
+      chi_port::fetch_add_release_dev(word, 1u);
+    } else if (mode == 6) {
+      *reinterpret_cast<uint32_t *>(in) = r;
+      uint32_t v[16];
+#pragma unroll
+      for (uint32_t j = 0; j < 16u; ++j) v[j] = reinterpret_cast<const uint32_t *>(in)[j];
+#pragma unroll
+      for (uint32_t j = 0; j < 16u; ++j) sink += v[j];
+    } else if (mode == 7) {
+      uint64_t a[9], b[9];
+      const uint64_t *src = slot + (sink & 1u) * 0u;
+#pragma unroll
+      for (uint32_t j = 0; j < 9u; ++j) chi_port::ll_load16_dev(src + 2u * j, &a[j], &b[j]);
+#pragma unroll
+      for (uint32_t j = 0; j < 9u; ++j) sink += a[j] ^ b[j];
+    } else {
+      uint64_t w[kD2dLlWords];
+#pragma unroll
+      for (uint32_t j = 0; j < kD2dLlWords; ++j) w[j] = ll_pack(j + r, flag);
+      ll_get(out, w, 64u);
+      chi_port::fetch_add_release_dev(word, 1u);
+    }
+  }
+  *ns = chi_port::timer_ns() - t0 + (sink == 1234567 ? 1 : 0);
+}
+
+/* One thread, `reps` GPU->GPU echo round trips (chi_dev_submit, then
+ * chi_dev_wait) of `payload` bytes, with the input prepared as a program
+ * might: mode 0 in a local array; 1 in global memory written just before
+ * with byte stores (as chimaera-bench's latency kernel did); 2 the same
+ * with 4-byte stores; 3 global memory written once, before the loop.  The
+ * output goes to a local array (modes 0) or to global memory.  *ns: total;
+ * *bad: failed round trips. */
+__global__ void k_rt_probe(chi_dev_context_t ctx, uint8_t *gin, uint8_t *gout, uint32_t payload, uint32_t reps,
+                           int mode, uint64_t *ns, int32_t *bad) {
+  uint8_t lin[64], lout[64];
+  uint8_t *in = mode == 0 ? lin : gin, *out = mode == 0 ? lout : gout;
+  for (uint32_t i = 0; i < payload; ++i) in[i] = static_cast<uint8_t>(i * 7u);
+  const uint64_t t0 = chi_port::timer_ns();
+  for (uint32_t r = 0; r < reps; ++r) {
+    if (mode == 1) {
+      for (uint32_t i = 0; i < payload; ++i) in[i] = static_cast<uint8_t>(i * 7u + r);
+    } else if (mode != 3) {
+      for (uint32_t i = 0; i < payload; i += 4u) *reinterpret_cast<uint32_t *>(in + i) = i * 7u + r;
+    }
+    chi_future_t f = 0;
+    uint32_t n = 0;
+    chi_status_t s = chi_dev_submit(&ctx, CHI_ROUTE_LOCAL, CHI_METHOD_ECHO, in, payload, &f);
+    if (s == CHI_OK) s = chi_dev_wait(&ctx, f, GT_WAIT_NS, out, 64u, &n);
+    if (s != CHI_OK || n != payload || out[payload - 1u] != in[payload - 1u]) atomicAdd(bad, 1);
+  }
+  *ns = chi_port::timer_ns() - t0;
+}
+
 /* ---------------------------------------------------------------- reporting */
 
 static double median(std::vector<double> v) {
@@ -497,6 +580,35 @@ int main(int argc, char **argv) {
       BD_CHECK(cudaStreamSynchronize(stream));
       printf("%-8s %6s  %-44s %9.3f\n", "fence", "-", fnames[mode], double(*ns) / 10000 / 1e3);
     }
+    /* The data path's pieces in device memory (k_path_probe). */
+    uint8_t *pslot;
+    BD_CHECK(cudaMalloc((void **)&pslot, 1024));
+    BD_CHECK(cudaMemset(pslot, 0, 1024));
+    const char *pnames[9] = {"ll_put 8 B + release add",        "ll_put 64 B + release add",
+                             "8 x st.relaxed.gpu.v2 + release add", "8 x plain st.v2 + release add",
+                             "1 x st.relaxed.gpu.v2 + release add", "release add alone",
+                             "16 x 4-byte loads of fresh input", "9 x ld.relaxed.gpu.v2 (a poll)",
+                             "ll_get 64 B + release add"};
+    for (int mode = 0; mode < 9; ++mode) {
+      k_path_probe<<<1, 1, 0, stream>>>(reinterpret_cast<uint64_t *>(pslot), pslot + 256, pslot + 512,
+                                        reinterpret_cast<uint32_t *>(pslot + 768), 10000, mode, ns);
+      BD_CHECK(cudaStreamSynchronize(stream));
+      printf("%-8s %6s  %-44s %9.3f\n", "path", "-", pnames[mode], double(*ns) / 10000 / 1e3);
+    }
+    /* Whole GPU->GPU round trips, the input prepared in four ways (k_rt_probe). */
+    int32_t *pbad;
+    BD_CHECK(cudaHostAlloc((void **)&pbad, sizeof(int32_t), cudaHostAllocMapped));
+    const char *rnames[4] = {"round trip, local arrays", "round trip, input byte-stored just before",
+                             "round trip, input word-stored just before", "round trip, input stored once"};
+    for (uint32_t payload : {8u, 64u})
+      for (int mode = 0; mode < 4; ++mode) {
+        *pbad = 0;
+        k_rt_probe<<<1, 1, 0, stream>>>(ctx, pslot + 256, pslot + 512, payload, 5000, mode, ns, pbad);
+        BD_CHECK(cudaStreamSynchronize(stream));
+        printf("%-8s %6u  %-44s %9.3f%s\n", "rt", payload, rnames[mode], double(*ns) / 5000 / 1e3,
+               *pbad ? "  (failed round trips)" : "");
+        if (*pbad) failed = 1;
+      }
   }
   BD_CHECK(cudaStreamSynchronize(stream));
   chi_finalize(rt);
