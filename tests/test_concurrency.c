@@ -504,6 +504,57 @@ static void test_nonblocking_full(void **state) {
   assert_status(CHI_OK, chi_finalize(rt));
 }
 
+/* A worker busy in a long handler and another one idle: a new task is run
+ * by the idle one, without waiting for the handler, whether the idle worker
+ * sleeps at once (spin_ns: 0) or spins first (the default).  The busy
+ * worker cleared its spinning flag when it took its task: a flag left set
+ * would make the submitter skip the sleeper's wake-up, and the task would
+ * wait for the handler, which here waits for the task (the wait's 10 s
+ * timeout then fails the test instead of a hang). */
+typedef struct hold {
+  atomic_int running;
+  atomic_int release;
+} hold_t;
+
+static chi_status_t hold_handler(chi_request_t *req, void *user) {
+  hold_t *h = user;
+  atomic_store(&h->running, 1);
+  /* Released by the test; 60 s at most, so that a failed test ends. */
+  for (int i = 0; i < 60000 && !atomic_load(&h->release); i++) sleep_ms(1);
+  req->output_size = 0;
+  return CHI_OK;
+}
+
+static void test_idle_worker_runs_beside_busy(void **state) {
+  (void)state;
+  SKIP_IN_CLIENT_MODE("spin_ns in this YAML is the embedded runtime's own; a client's tasks run on the "
+                      "server's workers");
+  static const char *const yaml[2] = {"spin_ns: 0\n", ""};
+  for (int v = 0; v < 2; v++) {
+    chi_runtime_t *rt = chi_test_init_yaml(2, yaml[v]);
+    static hold_t h;
+    chi_method_t m = 0;
+    assert_status(CHI_OK, chi_register_handler(rt, "test.hold", hold_handler, &h, &m));
+    for (int round = 0; round < 4; round++) {
+      atomic_store(&h.running, 0);
+      atomic_store(&h.release, 0);
+      chi_future_t held = 0, f = 0;
+      assert_status(CHI_OK, chi_submit(rt, CHI_ROUTE_CPU, m, NULL, 0, &held));
+      while (!atomic_load(&h.running)) sched_yield();
+      /* Rounds 2 and 3: the other worker has gone to sleep meanwhile. */
+      if (round >= 2) sleep_ms(20);
+      char c = 0;
+      assert_status(CHI_OK, chi_submit(rt, CHI_ROUTE_CPU, CHI_METHOD_ECHO, "w", 1, &f));
+      const chi_status_t s = chi_wait(rt, f, 10000000000LL, &c, 1, NULL);
+      atomic_store(&h.release, 1);
+      assert_status(CHI_OK, s);
+      assert_int_equal(c, 'w');
+      assert_status(CHI_OK, chi_wait(rt, held, -1, NULL, 0, NULL));
+    }
+    assert_status(CHI_OK, chi_finalize(rt));
+  }
+}
+
 static void test_blocking_submit_times_out(void **state) {
   (void)state;
   SKIP_IN_CLIENT_MODE(kClientSlotsReason);
@@ -791,6 +842,7 @@ int main(void) {
       cmocka_unit_test(test_submit_from_handler_never_blocks),
       cmocka_unit_test(test_nonblocking_full),
       cmocka_unit_test(test_blocking_submit_times_out),
+      cmocka_unit_test(test_idle_worker_runs_beside_busy),
       cmocka_unit_test(test_blocking_submit_gets_freed_slot),
       cmocka_unit_test(test_nonblocking_submitters),
       cmocka_unit_test(test_racing_waiters),

@@ -167,7 +167,7 @@ chi_status_t CpuExecutor::start() {
   // spinning workers and the threads that submit and wait time-slice, and a
   // round trip costs a scheduler tick instead of a cache-line transfer.
   unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
-  max_spinners_ = int32_t(std::max(1u, std::min(n, cpus / 2)));
+  max_spinners_ = std::max(1u, std::min(n, cpus / 2));
   // Measured on a 16-CPU host with 16 workers and 16 submitters: taking up
   // to 4 tasks of a shared queue at once took 'cpu->cpu batched x16' from
   // 8.6-12.3 to 13-17 M tasks/s and its p99 from 4 ms to 0.6-3.7 ms; on 2
@@ -479,9 +479,17 @@ void CpuExecutor::notify_worker() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   // sleepers_ first: it rarely changes, so its line stays shared and cheap.
   if (sleepers_.load(std::memory_order_seq_cst) == 0) return;
-  if (spinners_.load(std::memory_order_seq_cst) > 0) return;
+  if (spinning(1) > 0) return;
   idle_seq_.fetch_add(1, std::memory_order_release);
   futex_wake(&idle_seq_, 1);
+}
+
+uint32_t CpuExecutor::spinning(uint32_t limit, uint32_t skip) const {
+  const uint32_t m = std::min(cfg_.workers, kSpinFlags);
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < m && n < limit; ++i)
+    if (i != skip) n += spinning_[i].load(std::memory_order_seq_cst);
+  return n;
 }
 
 void CpuExecutor::run_task(const QueuedTask &task) {
@@ -582,7 +590,7 @@ void CpuExecutor::worker_main(unsigned id) {
     if (pop_task(&task, false, streak > 0)) {
       ++streak;
       // Submitters skip the wake while some worker spins.  This worker has
-      // just stopped spinning (its count dropped before the pop): if more
+      // just stopped spinning (its flag cleared before the pop): if more
       // work is queued and no one else spins, it passes the wake on, or that
       // work would wait behind a long handler while sleepers sleep.
       if (any_task()) notify_worker();
@@ -590,10 +598,20 @@ void CpuExecutor::worker_main(unsigned id) {
       continue;
     }
     streak = 0;
-    bool found = false;
-    if (spinners_.fetch_add(1, std::memory_order_seq_cst) >= max_spinners_) {
-      // Enough workers spin already: skip straight to the sleep protocol.
-    } else {
+    const uint32_t me = id % kSpinFlags;
+    std::atomic<uint8_t> &flag = spinning_[me];
+    // Enough workers spin already: straight to the sleep protocol.  Workers
+    // that pass the first look together each count the others after their
+    // own flag is set: both sides seq_cst, so of any two the later count
+    // sees the other, and at most max_spinners_ stay.
+    bool spin = spinning(max_spinners_) < max_spinners_;
+    if (spin) {
+      flag.store(1, std::memory_order_seq_cst);
+      spin = spinning(max_spinners_, me) < max_spinners_;
+      if (!spin) flag.store(0, std::memory_order_seq_cst);
+    }
+    if (spin) {
+      bool found = false;
       int64_t spin_end = now_ns() + cfg_.spin_ns;
       for (unsigned polls = 1;; ++polls) {
         if (any_task()) {
@@ -603,13 +621,18 @@ void CpuExecutor::worker_main(unsigned id) {
         if (polls % slot::kPollsPerClockRead == 0 && now_ns() >= spin_end) break;
         cpu_relax();
       }
+      if (found) {
+        // No fence: a submitter that still sees the flag skips its wake,
+        // and this worker looks at the queues again after this task.
+        flag.store(0, std::memory_order_relaxed);
+        continue;
+      }
+      flag.store(0, std::memory_order_seq_cst);
     }
-    // Sleep: announce it, then re-check, so a producer either sees us
-    // spinning or asleep, or we see its task (both sides fence between
-    // their write and their read).
-    if (!found) sleepers_.fetch_add(1, std::memory_order_seq_cst);
-    spinners_.fetch_sub(1, std::memory_order_seq_cst);
-    if (found) continue;
+    // Sleep: the flag cleared, announce it, then re-check, so a producer
+    // either sees us spinning or asleep, or we see its task (both sides
+    // fence between their write and their read).
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
     uint32_t seq = idle_seq_.load(std::memory_order_seq_cst);
     if (any_task()) {
       sleepers_.fetch_sub(1, std::memory_order_relaxed);

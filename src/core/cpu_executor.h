@@ -130,6 +130,8 @@ class CpuExecutor final : public Executor {
   static void *worker_entry(void *arg);
   chi_status_t start_worker(unsigned id);
   void notify_worker();
+  // Spinning flags set, counting up to `limit`, byte `skip` left out.
+  uint32_t spinning(uint32_t limit, uint32_t skip = kSpinFlags) const;
   // The first application-thread queue a pop looks at (pop_task).
   uint32_t first_ring(bool worker) const;
   // A worker: up to pop_batch_ tasks of shared queue q with one claim; the
@@ -168,10 +170,18 @@ class CpuExecutor final : public Executor {
   std::atomic<bool> stopping_{false};
   alignas(64) std::atomic<uint32_t> idle_seq_{0};   // futex word of idle workers
   // Each on its own line: submitters read sleepers_ on every submit, while
-  // spinners_ changes with every task a worker takes.
+  // the spinning flags change with every idle spell of a worker.
   alignas(64) std::atomic<int32_t> sleepers_{0};     // workers asleep on idle_seq_
-  alignas(64) std::atomic<int32_t> spinners_{0};     // idle workers watching the queues
-  int32_t max_spinners_ = 1;                         // more would only steal CPU from producers
+  // Idle workers watching the queues: a byte per worker (worker i: byte
+  // i % kSpinFlags).  A worker that finds a task clears its byte with a
+  // plain store and takes the task at once; a shared counter made it first
+  // wait for the counter's line (an atomic RMW, after every idle spell, on
+  // the task's path).  Submitters read the bytes after sleepers_ and skip
+  // the wake while one is set.  Two workers of one byte (past 64 workers)
+  // only cost a needless wake or an extra spinner.
+  static constexpr uint32_t kSpinFlags = 64;
+  alignas(64) std::atomic<uint8_t> spinning_[kSpinFlags] = {};
+  uint32_t max_spinners_ = 1;                        // more would only steal CPU from producers
   uint32_t pop_batch_ = 1;                           // worker_pop_batch, resolved (1..8)
   alignas(64) std::atomic<uint32_t> free_seq_{0};   // futex word of blocked submitters
   std::atomic<int32_t> free_waiters_{0};
