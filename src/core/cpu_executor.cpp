@@ -580,6 +580,9 @@ void CpuExecutor::worker_main(unsigned id) {
   tls_pool = this;
   tls_worker = id;
   uint32_t streak = 0;  // pops in a row that found a task
+  const uint32_t me = id % kSpinFlags;
+  std::atomic<uint8_t> &flag = spinning_[me];
+  bool flagged = false;  // the flag is still set: this worker saw a task while it spun
   for (;;) {
     QueuedTask task;
     // The worker's own loop takes several tasks of a shared queue at once
@@ -587,10 +590,19 @@ void CpuExecutor::worker_main(unsigned id) {
     // too: the first pop after an idle spell takes one, so a lone task does
     // not pay for the look at the cells behind it (another core's lines); a
     // waiting handler's help takes one at a time.
-    if (pop_task(&task, false, streak > 0)) {
+    const bool got = pop_task(&task, false, streak > 0);
+    if (flagged) {
+      // No fence, and after the pop's atomic claim, so that neither waits
+      // for the flag's line (the submitters read it): a submitter that
+      // still sees the flag skips its wake, and this worker looks at the
+      // queues again after this task.
+      flag.store(0, std::memory_order_relaxed);
+      flagged = false;
+    }
+    if (got) {
       ++streak;
       // Submitters skip the wake while some worker spins.  This worker has
-      // just stopped spinning (its flag cleared before the pop): if more
+      // just stopped spinning (its flag cleared after the pop): if more
       // work is queued and no one else spins, it passes the wake on, or that
       // work would wait behind a long handler while sleepers sleep.
       if (any_task()) notify_worker();
@@ -598,8 +610,6 @@ void CpuExecutor::worker_main(unsigned id) {
       continue;
     }
     streak = 0;
-    const uint32_t me = id % kSpinFlags;
-    std::atomic<uint8_t> &flag = spinning_[me];
     // Enough workers spin already: straight to the sleep protocol.  Workers
     // that pass the first look together each count the others after their
     // own flag is set: both sides seq_cst, so of any two the later count
@@ -622,9 +632,7 @@ void CpuExecutor::worker_main(unsigned id) {
         cpu_relax();
       }
       if (found) {
-        // No fence: a submitter that still sees the flag skips its wake,
-        // and this worker looks at the queues again after this task.
-        flag.store(0, std::memory_order_relaxed);
+        flagged = true; /* cleared after the pop */
         continue;
       }
       flag.store(0, std::memory_order_seq_cst);
