@@ -16,7 +16,8 @@
 # Environment: CPU_AB_ROUNDS (default 3), CPU_AB_THREADS (default 16),
 # CPU_AB_TASKS (default 1000000), CPU_AB_ITERS (default 20000),
 # CPU_AB_VARIANTS (';'-separated settings of the new build, each a list of
-# VAR=VALUE), JOBS (default 16).
+# VAR=VALUE), CPU_AB_CUDA (ON or OFF; default: ON where nvcc is), JOBS
+# (default 16).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/chi-cpu-ab-out}
@@ -35,6 +36,7 @@ cfg() { # SRC BUILD
   local cuda=OFF
   rm -rf "$2"   # a cache from another configuration keeps its pkg-config answers
   command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] && cuda=ON
+  [ -n "${CPU_AB_CUDA:-}" ] && cuda=$CPU_AB_CUDA
   PKG_CONFIG_SYSROOT_DIR=$sysroot cmake -S "$1" -B "$2" -G Ninja -DCHI_ENABLE_CUDA=$cuda \
     -DCHI_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_STANDARD=17 -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$OUT/raw/build-$(basename "$2").log" 2>&1 &&
     cmake --build "$2" -j "$JOBS" --target chimaera-bench >>"$OUT/raw/build-$(basename "$2").log" 2>&1

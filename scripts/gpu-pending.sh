@@ -4,12 +4,16 @@
 #   build    this tree (scripts/gpu-run.sh's build step);
 #   ctest    `ctest -L gpu`;
 #   sanitize compute-sanitizer memcheck and racecheck over the tests that
-#            run under it (scripts/gpu-run.sh's sanitize step; not run on
-#            the solo built-ins' tree of 2026-11-27, eighth session);
+#            run under it (scripts/gpu-run.sh's sanitize step);
 #   spin     chimaera-bench's CPU rows with 16 submitters, GPUs hidden,
 #            under settings in turns: the defaults, spin_ns 5000 and 0, and
 #            8 workers with pops of 8, with and without the shorter spin
 #            (docs/performance.md, "Sixteen submitters and how many workers");
+#   cpuab    scripts/gpu-cpu-ab.sh: chimaera-bench's CPU rows (16
+#            submitters, GPUs hidden) of build-abtrees/base.tar.gz and this
+#            tree in turns, PENDING_ROUNDS rounds, both built without
+#            CUDA (the spinning flags of 2026-11-27, ninth session: base
+#            1107724);
 #   coexist  test_gpu_coexist's device-wide call times from this tree and,
 #            with build-abtrees/base.tar.gz, from a base built beside it, in
 #            turns (docs/gpu.md, "Coexisting with other CUDA code");
@@ -19,18 +23,18 @@
 # Results in $OUT: summary.txt, pending.tgz with the raw runs, and the
 # soak's own files.
 #
-#   here:   scripts/gpu-route-ab.sh prepare REF   (the coexist part's base; optional)
+#   here:   scripts/gpu-route-ab.sh prepare REF   (the cpuab and coexist parts' base)
 #   device: run(command="bash scripts/gpu-pending.sh", carry=[".devdeps", "build-abtrees"])
 #
 # Environment: PENDING_ROUNDS (default 2), PENDING_PARTS (default
-# "build ctest sanitize soak"; without build, build-gpu must be there).
+# "build ctest sanitize cpuab soak"; without build, build-gpu must be there).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/chi-pending-out}
 mkdir -p "$OUT/raw"
 SUMMARY=$OUT/summary.txt
 ROUNDS=${PENDING_ROUNDS:-2}
-PARTS=${PENDING_PARTS:-build ctest sanitize soak}
+PARTS=${PENDING_PARTS:-build ctest sanitize cpuab soak}
 part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 note() { echo "$*" | tee -a "$SUMMARY"; }
 
@@ -74,6 +78,13 @@ if part spin; then
         "$(awk '$2 == "batched" && $3 == "x16" {printf "%s (%s)", $10, $8}' "$f")"
     done
   done
+fi
+
+if part cpuab; then
+  note ""
+  OUT=$OUT/raw/cpuab CPU_AB_ROUNDS=$ROUNDS CPU_AB_CUDA=OFF timeout 200 bash scripts/gpu-cpu-ab.sh >/dev/null 2>&1
+  note "gpu-cpu-ab rc=$?"
+  cat "$OUT/raw/cpuab/summary.txt" >>"$SUMMARY" 2>/dev/null
 fi
 
 if part coexist; then
