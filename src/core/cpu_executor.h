@@ -177,9 +177,9 @@ class CpuExecutor final : public Executor {
   // plain store and takes the task at once; a shared counter made it first
   // wait for the counter's line (an atomic RMW, after every idle spell, on
   // the task's path).  Submitters read the bytes after sleepers_ and skip
-  // the wake while one is set.  Two workers of one byte (past 64 workers)
+  // the wake while one is set.  Two workers of one byte (past 256 workers)
   // only cost a needless wake or an extra spinner.
-  static constexpr uint32_t kSpinFlags = 64;
+  static constexpr uint32_t kSpinFlags = 256;
   alignas(64) std::atomic<uint8_t> spinning_[kSpinFlags] = {};
   uint32_t max_spinners_ = 1;                        // more would only steal CPU from producers
   uint32_t pop_batch_ = 1;                           // worker_pop_batch, resolved (1..8)
