@@ -582,7 +582,6 @@ void CpuExecutor::worker_main(unsigned id) {
   uint32_t streak = 0;  // pops in a row that found a task
   const uint32_t me = id % kSpinFlags;
   std::atomic<uint8_t> &flag = spinning_[me];
-  bool flagged = false;  // the flag is still set: this worker saw a task while it spun
   for (;;) {
     QueuedTask task;
     // The worker's own loop takes several tasks of a shared queue at once
@@ -590,21 +589,15 @@ void CpuExecutor::worker_main(unsigned id) {
     // too: the first pop after an idle spell takes one, so a lone task does
     // not pay for the look at the cells behind it (another core's lines); a
     // waiting handler's help takes one at a time.
-    const bool got = pop_task(&task, false, streak > 0);
-    if (flagged) {
-      // No fence, and after the pop's atomic claim, so that neither waits
-      // for the flag's line (the submitters read it): a submitter that
-      // still sees the flag skips its wake, and this worker looks at the
-      // queues again after this task.
-      flag.store(0, std::memory_order_relaxed);
-      flagged = false;
-    }
-    if (got) {
+    if (pop_task(&task, false, streak > 0)) {
       ++streak;
       // Submitters skip the wake while some worker spins.  This worker has
-      // just stopped spinning (its flag cleared after the pop): if more
-      // work is queued and no one else spins, it passes the wake on, or that
-      // work would wait behind a long handler while sleepers sleep.
+      // just stopped spinning (its flag cleared and fenced before the pop):
+      // if more work is queued and no one else spins, it passes the wake
+      // on, or that work would wait behind a long handler while sleepers
+      // sleep.  A submitter that saw the flag still set queued its task
+      // before this look (both sides fence between their write and their
+      // read).
       if (any_task()) notify_worker();
       run_task(task);
       continue;
@@ -632,7 +625,13 @@ void CpuExecutor::worker_main(unsigned id) {
         cpu_relax();
       }
       if (found) {
-        flagged = true; /* cleared after the pop */
+        // Cleared with a plain store; the fence then waits for its line (the
+        // submitters read it), where a shared count's RMW waited for its own.
+        // Cleared after the pop instead, the look for more work below could
+        // miss a task whose submitter saw the flag still set, and that task
+        // would wait for this worker's handler however long it ran.
+        flag.store(0, std::memory_order_relaxed);
+        std::atomic_thread_fence(std::memory_order_seq_cst);
         continue;
       }
       flag.store(0, std::memory_order_seq_cst);
