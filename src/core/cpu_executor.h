@@ -174,10 +174,9 @@ class CpuExecutor final : public Executor {
   alignas(64) std::atomic<int32_t> sleepers_{0};     // workers asleep on idle_seq_
   // Idle workers watching the queues: a byte per worker (worker i: byte
   // i % kSpinFlags).  A worker that finds a task clears its byte with a
-  // plain store and takes the task at once; a shared counter made it first
-  // wait for the counter's line (an atomic RMW, after every idle spell, on
-  // the task's path).  Submitters read the bytes after sleepers_ and skip
-  // the wake while one is set.  Two workers of one byte (past 256 workers)
+  // plain store and a fence before it takes the task (a shared counter's
+  // atomic RMW there measured slower on the 2-core VM).  Submitters read
+  // the bytes after sleepers_ and skip the wake while one is set.  Two workers of one byte (past 256 workers)
   // only cost a needless wake or an extra spinner.
   static constexpr uint32_t kSpinFlags = 256;
   alignas(64) std::atomic<uint8_t> spinning_[kSpinFlags] = {};
