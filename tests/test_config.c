@@ -260,6 +260,7 @@ static void env_errors(void **state) {
   expect_env_error("CHI_GPU_POLL_INTERVAL_US", "100001", "expected an integer in [0, 100000]");
   expect_env_error("CHI_GPU_POLLER_SPIN_NS", "x", "expected an integer");
   expect_env_error("CHI_WORKER_POP_BATCH", "9", "expected an integer in [0, 8]");
+  expect_env_error("CHI_WORKER_SPINNERS", "1025", "expected an integer in [0, 1024]");
   expect_env_error("CHI_GPU_POLLER_STEAL_US", "10000001", "expected an integer in [0, 10000000]");
   expect_env_error("CHI_GPU_POLLER_STEAL_US", "-1", "expected an integer in [0, 10000000]");
   expect_env_error("CHI_GPU_MAX_PAYLOAD", "8192",

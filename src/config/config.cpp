@@ -179,6 +179,8 @@ const Setting kSettings[] = {
      [](Config &c, const Value &v) { c.spin_ns = v.i; }},
     {"worker_pop_batch", "CHI_WORKER_POP_BATCH", Kind::kInt, 0, 8, false,
      [](Config &c, const Value &v) { c.worker_pop_batch = static_cast<uint32_t>(v.i); }},
+    {"worker_spinners", "CHI_WORKER_SPINNERS", Kind::kInt, 0, kMaxWorkers, false,
+     [](Config &c, const Value &v) { c.worker_spinners = static_cast<uint32_t>(v.i); }},
     {"client_yield_ns", "CHI_CLIENT_YIELD_NS", Kind::kInt, 0, 10000000000, false,
      [](Config &c, const Value &v) { c.client_yield_ns = v.i; }},
     {"client_spin_min_cpus", "CHI_CLIENT_SPIN_MIN_CPUS", Kind::kInt, 1, 65536, false,

@@ -38,6 +38,9 @@ CHI_TLS uint32_t tls_pops = 0;       // pop_task calls of this worker
 CHI_TLS chi::QueuedTask tls_held[chi::RunQueue::kMaxPopMany];
 CHI_TLS uint32_t tls_held_next = 0, tls_held_end = 0;
 constexpr uint32_t kRotateEvery = 16;
+// A spinning worker that is not the watcher looks at the queues itself once
+// in this many polls (a few us).
+constexpr unsigned kSpinnerLookEvery = 64;
 
 // Free-slot shards and run queues of application threads: enough that the
 // submitters of a 16-core machine each have their own (threads share them
@@ -167,7 +170,7 @@ chi_status_t CpuExecutor::start() {
   // spinning workers and the threads that submit and wait time-slice, and a
   // round trip costs a scheduler tick instead of a cache-line transfer.
   unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
-  max_spinners_ = std::max(1u, std::min(n, cpus / 2));
+  max_spinners_ = std::max(1u, std::min(n, cfg_.worker_spinners ? cfg_.worker_spinners : cpus / 2));
   // Measured on a 16-CPU host with 16 workers and 16 submitters: taking up
   // to 4 tasks of a shared queue at once took 'cpu->cpu batched x16' from
   // 8.6-12.3 to 13-17 M tasks/s and its p99 from 4 ms to 0.6-3.7 ms; on 2
@@ -582,14 +585,23 @@ void CpuExecutor::worker_main(unsigned id) {
   uint32_t streak = 0;  // pops in a row that found a task
   const uint32_t me = id % kSpinFlags;
   std::atomic<uint8_t> &flag = spinning_[me];
+  bool watching = false;  // this worker holds watcher_
   for (;;) {
     QueuedTask task;
+    const bool got = pop_task(&task, false, streak > 0);
+    // The watch goes to another spinner once this worker has its task (or
+    // found none after all), so that the next spinner does not chase the
+    // same one.
+    if (watching) {
+      watcher_.store(0, std::memory_order_release);
+      watching = false;
+    }
     // The worker's own loop takes several tasks of a shared queue at once
     // (worker_pop_batch: one claim of its head) once its last pop found one
     // too: the first pop after an idle spell takes one, so a lone task does
     // not pay for the look at the cells behind it (another core's lines); a
     // waiting handler's help takes one at a time.
-    if (pop_task(&task, false, streak > 0)) {
+    if (got) {
       ++streak;
       // Submitters skip the wake while some worker spins.  This worker has
       // just stopped spinning (its flag cleared and fenced before the pop):
@@ -616,8 +628,21 @@ void CpuExecutor::worker_main(unsigned id) {
     if (spin) {
       bool found = false;
       int64_t spin_end = now_ns() + cfg_.spin_ns;
+      // One spinner, the watcher, looks at the queues all the time; the
+      // others watch watcher_ (a line written only when the watch changes
+      // hands) and take the watch when it is free, so a task's queue lines
+      // are read by one other core, not by every spinner, and a spinner
+      // replaces the watcher that left with a task without a futex wake.
+      // They look at the queues themselves every kSpinnerLookEvery polls,
+      // so a watcher descheduled while it holds the watch delays tasks by
+      // that much, not by a time slice.
       for (unsigned polls = 1;; ++polls) {
-        if (any_task()) {
+        if (!watching && watcher_.load(std::memory_order_relaxed) == 0) {
+          uint32_t none = 0;
+          watching = watcher_.compare_exchange_strong(none, id + 1, std::memory_order_acquire,
+                                                      std::memory_order_relaxed);
+        }
+        if ((watching || polls % kSpinnerLookEvery == 0) && any_task()) {
           found = true;
           break;
         }
@@ -633,6 +658,10 @@ void CpuExecutor::worker_main(unsigned id) {
         flag.store(0, std::memory_order_relaxed);
         std::atomic_thread_fence(std::memory_order_seq_cst);
         continue;
+      }
+      if (watching) {
+        watcher_.store(0, std::memory_order_release);
+        watching = false;
       }
       flag.store(0, std::memory_order_seq_cst);
     }

@@ -180,6 +180,9 @@ class CpuExecutor final : public Executor {
   // only cost a needless wake or an extra spinner.
   static constexpr uint32_t kSpinFlags = 256;
   alignas(64) std::atomic<uint8_t> spinning_[kSpinFlags] = {};
+  // The spinning worker that looks at the queues (its id + 1; 0: none).  The
+  // other spinners wait for the watch (worker_main).
+  alignas(64) std::atomic<uint32_t> watcher_{0};
   uint32_t max_spinners_ = 1;                        // more would only steal CPU from producers
   uint32_t pop_batch_ = 1;                           // worker_pop_batch, resolved (1..8)
   alignas(64) std::atomic<uint32_t> free_seq_{0};   // futex word of blocked submitters
