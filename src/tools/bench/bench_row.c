@@ -14,6 +14,7 @@ void chi_bench_row_init(struct chi_bench_row *row, const char *name, int kind) {
   row->p50_ns = row->p99_ns = row->mean_ns = row->throughput = NAN;
   row->floor_p50_ns = row->floor_throughput = row->ratio = NAN;
   row->target_p50_ns = row->target_throughput = NAN;
+  row->cpu_ns_per_op = row->csw_per_op = NAN;
   row->threads = 1;
   row->window = 1;
   row->status = CHI_OK;

@@ -45,6 +45,11 @@ struct chi_bench_row {
                                filled by the report                            */
   double target_p50_ns;     /* PERF.md target; NaN: none                       */
   double target_throughput; /* PERF.md target, operations/s; NaN: none         */
+  double cpu_ns_per_op;     /* this process's CPU time (every thread, the runtime's
+                               workers included) over the timed span, per
+                               operation; NaN: not measured                   */
+  double csw_per_op;        /* its context switches (voluntary and not) over the
+                               same span, per operation; NaN: not measured    */
   chi_status_t status;      /* CHI_OK, or why the row has no numbers           */
   char error[160];          /* detail when status != CHI_OK                    */
 };

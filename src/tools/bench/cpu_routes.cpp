@@ -1,6 +1,7 @@
 #include "cpu_routes.h"
 
 #include <sched.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
@@ -248,9 +249,12 @@ void throughput_row(chi_runtime_t *rt, chi_route_t route, const char *name, cons
     });
   }
   while (ready.load(std::memory_order_acquire) < threads) sched_yield();
+  struct rusage u0 {}, u1 {};
+  const bool have_usage = getrusage(RUSAGE_SELF, &u0) == 0;
   uint64_t t0 = chi_tool_now_ns();
   go.store(true, std::memory_order_release);
   for (auto &th : pool) th.join();
+  const bool usage = have_usage && getrusage(RUSAGE_SELF, &u1) == 0;
 
   uint64_t t1 = t0;
   std::vector<uint64_t> samples;
@@ -265,6 +269,13 @@ void throughput_row(chi_runtime_t *rt, chi_route_t route, const char *name, cons
   chi_bench_row_samples(row, samples.data(), samples.size());
   row->count = share * threads;
   row->throughput = t1 > t0 ? double(row->count) * 1e9 / double(t1 - t0) : NAN;
+  if (usage && row->count) {
+    auto ns = [](const timeval &tv) { return double(tv.tv_sec) * 1e9 + double(tv.tv_usec) * 1e3; };
+    const double cpu = ns(u1.ru_utime) + ns(u1.ru_stime) - ns(u0.ru_utime) - ns(u0.ru_stime);
+    const double csw = double(u1.ru_nvcsw + u1.ru_nivcsw) - double(u0.ru_nvcsw + u0.ru_nivcsw);
+    row->cpu_ns_per_op = cpu / double(row->count);
+    row->csw_per_op = csw / double(row->count);
+  }
 }
 
 }  // namespace

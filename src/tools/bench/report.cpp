@@ -90,6 +90,13 @@ void print_rows(std::FILE *out, const std::vector<chi_bench_row> &rows) {
       std::fprintf(out, "  >= %.1f Mops/s", r.target_throughput / 1e6);
     std::fputc('\n', out);
   }
+  bool any = false;
+  for (const auto &r : rows) {
+    if (r.status != CHI_OK || std::isnan(r.cpu_ns_per_op)) continue;
+    if (!any) std::fputs("CPU per task (the process's CPU time and context switches over the timed span, per task):\n", out);
+    any = true;
+    std::fprintf(out, "  %-38s %9.3f us CPU %9.4f switches\n", r.name, r.cpu_ns_per_op / 1000.0, r.csw_per_op);
+  }
 }
 
 void json_row(std::FILE *out, const char *indent, const chi_bench_row &r) {
@@ -131,6 +138,10 @@ void json_row(std::FILE *out, const char *indent, const chi_bench_row &r) {
   json_number(out, r.target_p50_ns);
   std::fputs(", \"target_throughput_per_s\": ", out);
   json_number(out, r.target_throughput, "%.0f");
+  std::fputs(", \"cpu_ns_per_op\": ", out);
+  json_number(out, r.cpu_ns_per_op);
+  std::fputs(", \"context_switches_per_op\": ", out);
+  json_number(out, r.csw_per_op, "%.4f");
   std::fprintf(out, ", \"status\": %d, \"error\": ", r.status);
   json_string(out, r.error);
   std::fputc('}', out);
