@@ -125,7 +125,10 @@ class CpuExecutor final : public Executor {
   // Queues an application thread's task on its run queue, else another one.
   void push_shared(const QueuedTask &task, const void *input, uint8_t *slot_input);
   static uint8_t *input_dst(void *self, uint32_t slot);
-  bool any_task() const;
+  // Whether some queue may hold a task, looking first at the queues of
+  // index `from` (a worker's own, so that workers do not all poll one
+  // queue's lines first).
+  bool any_task(uint32_t from = 0) const;
   void worker_main(unsigned id);
   static void *worker_entry(void *arg);
   chi_status_t start_worker(unsigned id);
