@@ -510,7 +510,10 @@ static void test_nonblocking_full(void **state) {
  * worker cleared its spinning flag when it took its task: a flag left set
  * would make the submitter skip the sleeper's wake-up, and the task would
  * wait for the handler, which here waits for the task (the wait's 10 s
- * timeout then fails the test instead of a hang). */
+ * timeout then fails the test instead of a hang).  The last two settings
+ * run three workers with one spinner, and with three spinners that stay
+ * awake (a long spin_ns), so the spinner that took the held task also held
+ * the watch and must have handed it on. */
 typedef struct hold {
   atomic_int running;
   atomic_int release;
@@ -529,9 +532,10 @@ static void test_idle_worker_runs_beside_busy(void **state) {
   (void)state;
   SKIP_IN_CLIENT_MODE("spin_ns in this YAML is the embedded runtime's own; a client's tasks run on the "
                       "server's workers");
-  static const char *const yaml[2] = {"spin_ns: 0\n", ""};
-  for (int v = 0; v < 2; v++) {
-    chi_runtime_t *rt = chi_test_init_yaml(2, yaml[v]);
+  static const char *const yaml[4] = {"spin_ns: 0\n", "", "worker_spinners: 1\n",
+                                      "worker_spinners: 3\nspin_ns: 200000000\n"};
+  for (int v = 0; v < 4; v++) {
+    chi_runtime_t *rt = chi_test_init_yaml(v < 2 ? 2 : 3, yaml[v]);
     static hold_t h;
     chi_method_t m = 0;
     assert_status(CHI_OK, chi_register_handler(rt, "test.hold", hold_handler, &h, &m));
