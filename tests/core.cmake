@@ -43,6 +43,18 @@ foreach(t test_api test_batch test_concurrency)
   set_tests_properties(${t}_pop_batch PROPERTIES TIMEOUT ${chi_timeout} LABELS core ENVIRONMENT "${chi_env}")
 endforeach()
 
+# And with four spinning workers (worker_spinners; CI's 2 CPUs give one by
+# default), so that the storms pass the watch between spinners.
+foreach(t test_batch test_concurrency)
+  add_test(NAME ${t}_spinners COMMAND ${t})
+  get_test_property(${t} TIMEOUT chi_timeout)
+  set(chi_env "CHI_WORKER_SPINNERS=4")
+  if(CHI_SANITIZE STREQUAL "thread")
+    list(APPEND chi_env "CHI_TEST_SCALE=0.5")
+  endif()
+  set_tests_properties(${t}_spinners PROPERTIES TIMEOUT ${chi_timeout} LABELS core ENVIRONMENT "${chi_env}")
+endforeach()
+
 add_test(NAME test_install
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/install/run_install_test.sh
     ${PROJECT_BINARY_DIR} ${CMAKE_CURRENT_BINARY_DIR}/install-test
