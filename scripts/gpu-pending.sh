@@ -12,8 +12,9 @@
 #   cpuab    scripts/gpu-cpu-ab.sh: chimaera-bench's CPU rows (16
 #            submitters, GPUs hidden) of build-abtrees/base.tar.gz and this
 #            tree in turns, PENDING_ROUNDS rounds, both built without
-#            CUDA (the spinning flags of 2026-11-27, ninth session: base
-#            1107724);
+#            CUDA (next: `scripts/gpu-route-ab.sh prepare HEAD && git apply
+#            docs/bench/next-wake-grace.patch` here, a woken worker's short
+#            spin past the spinner cap; see its pipelined x1 CPU per task);
 #   coexist  test_gpu_coexist's device-wide call times from this tree and,
 #            with build-abtrees/base.tar.gz, from a base built beside it, in
 #            turns (docs/gpu.md, "Coexisting with other CUDA code");
