@@ -28,7 +28,11 @@
 #   device: run(command="bash scripts/gpu-pending.sh", carry=[".devdeps", "build-abtrees"])
 #
 # Environment: PENDING_ROUNDS (default 2), PENDING_PARTS (default
-# "build ctest sanitize cpuab soak"; without build, build-gpu must be there).
+# "build ctest sanitize cpuab soak"; without build, build-gpu must be there),
+# PENDING_CPUAB_PATCH (a patch applied to this tree just before the cpuab
+# part: its new side; the GPU build, tests and soak run without it).
+# Next loan: PENDING_CPUAB_PATCH=docs/bench/next-wake-grace.patch PENDING_ROUNDS=4
+# CPU_AB_VARIANTS='CHI_WORKER_SPINNERS=2;CHI_WORKER_SPINNERS=4' bash scripts/gpu-pending.sh
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/chi-pending-out}
@@ -83,9 +87,22 @@ fi
 
 if part cpuab; then
   note ""
+  # A patch for the new side only (build-gpu, built above, stays as it was).
+  if [ -n "${PENDING_CPUAB_PATCH:-}" ]; then
+    if git apply "$PENDING_CPUAB_PATCH" 2>/dev/null || patch -p1 --forward <"$PENDING_CPUAB_PATCH" >/dev/null 2>&1; then
+      note "cpuab: new side with $PENDING_CPUAB_PATCH"
+    else
+      note "cpuab: $PENDING_CPUAB_PATCH did not apply"
+    fi
+  fi
   OUT=$OUT/raw/cpuab CPU_AB_ROUNDS=$ROUNDS CPU_AB_CUDA=OFF timeout 200 bash scripts/gpu-cpu-ab.sh >/dev/null 2>&1
   note "gpu-cpu-ab rc=$?"
   cat "$OUT/raw/cpuab/summary.txt" >>"$SUMMARY" 2>/dev/null
+  # The later parts run this tree as it came.
+  if [ -n "${PENDING_CPUAB_PATCH:-}" ]; then
+    git apply -R "$PENDING_CPUAB_PATCH" 2>/dev/null || patch -p1 -R <"$PENDING_CPUAB_PATCH" >/dev/null 2>&1 ||
+      note "cpuab: $PENDING_CPUAB_PATCH could not be taken back"
+  fi
 fi
 
 if part coexist; then
