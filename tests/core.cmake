@@ -31,29 +31,25 @@ elseif(CHI_SANITIZE STREQUAL "address")
   set(chi_consumer_flags "-fsanitize=address,undefined")
 endif()
 
-# The same programs with workers taking up to 4 tasks of a shared queue at
-# once (worker_pop_batch; the default on 16+ CPUs, 1 on CI's 2).
-foreach(t test_api test_batch test_concurrency)
-  add_test(NAME ${t}_pop_batch COMMAND ${t})
-  get_test_property(${t} TIMEOUT chi_timeout)
-  set(chi_env "CHI_WORKER_POP_BATCH=4")
-  if(CHI_SANITIZE STREQUAL "thread")
-    list(APPEND chi_env "CHI_TEST_SCALE=0.5")
-  endif()
-  set_tests_properties(${t}_pop_batch PROPERTIES TIMEOUT ${chi_timeout} LABELS core ENVIRONMENT "${chi_env}")
-endforeach()
-
-# And with four spinning workers (worker_spinners; CI's 2 CPUs give one by
-# default), so that the storms pass the watch between spinners.
-foreach(t test_batch test_concurrency)
-  add_test(NAME ${t}_spinners COMMAND ${t})
-  get_test_property(${t} TIMEOUT chi_timeout)
-  set(chi_env "CHI_WORKER_SPINNERS=4")
-  if(CHI_SANITIZE STREQUAL "thread")
-    list(APPEND chi_env "CHI_TEST_SCALE=0.5")
-  endif()
-  set_tests_properties(${t}_spinners PROPERTIES TIMEOUT ${chi_timeout} LABELS core ENVIRONMENT "${chi_env}")
-endforeach()
+# A program run again under a setting: NAME_SUFFIX with ENV set (and the
+# sanitizer's scale), the same timeout and label.
+function(chi_setting_variant suffix env)
+  foreach(t ${ARGN})
+    add_test(NAME ${t}_${suffix} COMMAND ${t})
+    get_test_property(${t} TIMEOUT chi_timeout)
+    set(chi_env "${env}")
+    if(CHI_SANITIZE STREQUAL "thread")
+      list(APPEND chi_env "CHI_TEST_SCALE=0.5")
+    endif()
+    set_tests_properties(${t}_${suffix} PROPERTIES TIMEOUT ${chi_timeout} LABELS core ENVIRONMENT "${chi_env}")
+  endforeach()
+endfunction()
+# Workers taking up to 4 tasks of a shared queue at once (worker_pop_batch;
+# the default on 16+ CPUs, 1 on CI's 2).
+chi_setting_variant(pop_batch "CHI_WORKER_POP_BATCH=4" test_api test_batch test_concurrency)
+# Four spinning workers (worker_spinners; CI's 2 CPUs give one by default),
+# so that the storms pass the watch between spinners.
+chi_setting_variant(spinners "CHI_WORKER_SPINNERS=4" test_batch test_concurrency)
 
 add_test(NAME test_install
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/install/run_install_test.sh

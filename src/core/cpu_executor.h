@@ -175,12 +175,13 @@ class CpuExecutor final : public Executor {
   // Each on its own line: submitters read sleepers_ on every submit, while
   // the spinning flags change with every idle spell of a worker.
   alignas(64) std::atomic<int32_t> sleepers_{0};     // workers asleep on idle_seq_
-  // Idle workers watching the queues: a byte per worker (worker i: byte
-  // i % kSpinFlags).  A worker that finds a task clears its byte with a
-  // plain store and a fence before it takes the task (a shared counter's
-  // atomic RMW there measured slower on the 2-core VM).  Submitters read
-  // the bytes after sleepers_ and skip the wake while one is set.  Two workers of one byte (past 256 workers)
-  // only cost a needless wake or an extra spinner.
+  // Idle workers spinning (the watcher and those standing by): a byte per
+  // worker (worker i: byte i % kSpinFlags).  A worker that finds a task
+  // clears its byte with a plain store and a fence before it takes the task
+  // (a shared counter's atomic RMW there measured slower on the 2-core VM).
+  // Submitters read the bytes after sleepers_ and skip the wake while one is
+  // set.  Two workers of one byte (past 256 workers) only cost a needless
+  // wake or an extra spinner.
   static constexpr uint32_t kSpinFlags = 256;
   alignas(64) std::atomic<uint8_t> spinning_[kSpinFlags] = {};
   // The spinning worker that looks at the queues (its id + 1; 0: none).  The
