@@ -16,7 +16,8 @@
 # Environment: CPU_AB_ROUNDS (default 3), CPU_AB_THREADS (default 16),
 # CPU_AB_TASKS (default 1000000), CPU_AB_ITERS (default 20000),
 # CPU_AB_VARIANTS (';'-separated settings of the new build, each a list of
-# VAR=VALUE), CPU_AB_CUDA (ON or OFF; default: ON where nvcc is), JOBS
+# VAR=VALUE), CPU_AB_BASE_VARIANTS (the same for the base build, so that a
+# setting can be compared across the two), CPU_AB_CUDA (ON or OFF; default: ON where nvcc is), JOBS
 # (default 16).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -52,7 +53,8 @@ cfg /tmp/chi-cpu-ab-base /tmp/chi-cpu-ab-base-build || { note "base build FAILED
 cfg . /tmp/chi-cpu-ab-new-build || { note "new build FAILED"; exit 1; }
 THREADS=${CPU_AB_THREADS:-16}
 IFS=';' read -r -a sets <<<"${CPU_AB_VARIANTS-}"
-note "columns: cpu->cpu p50 us | pipelined x1 M/s | pipelined x$THREADS M/s (p99 us) | batched x$THREADS M/s (p99 us) | CPU us/context switches per task, pipelined and batched x$THREADS"
+IFS=';' read -r -a base_sets <<<"${CPU_AB_BASE_VARIANTS-}"
+note "columns: cpu->cpu p50 us | pipelined x1 M/s | pipelined x$THREADS M/s (p99 us) | batched x$THREADS M/s (p99 us) | CPU us/context switches per task: pipelined x1, pipelined and batched x$THREADS"
 run() { # TAG BUILD [VAR=VALUE ...]
   local tag=$1 b=$2 f; shift 2
   f=$OUT/raw/$tag.txt
@@ -62,13 +64,17 @@ run() { # TAG BUILD [VAR=VALUE ...]
     "$(awk '$2 == "pipelined" && $3 == "x1" && $5 != "us" {printf "%s", $10}' "$f") |" \
     "$(awk -v t="x$THREADS" '$2 == "pipelined" && $3 == t && $5 != "us" {printf "%s (%s)", $10, $8}' "$f") |" \
     "$(awk -v t="x$THREADS" '$2 == "batched" && $3 == t && $5 != "us" {printf "%s (%s)", $10, $8}' "$f")" \
-    "| $(awk -v t="x$THREADS" '$5 == "us" && $3 == t {printf "%s/%s ", $4, $7}' "$f")"
+    "| $(awk -v t="x$THREADS" '$5 == "us" && ($3 == t || $3 == "x1") {printf "%s/%s ", $4, $7}' "$f")"
 }
 # Each round runs base, new and the variants; even rounds in the reverse
 # order, so that no build always runs first (stop 33's run3 ran base first
 # in every round).
 for r in $(seq 1 "${CPU_AB_ROUNDS:-3}"); do
   turns=("base-r$r|/tmp/chi-cpu-ab-base-build|" "new-r$r|/tmp/chi-cpu-ab-new-build|")
+  for v in "${base_sets[@]}"; do
+    [ -n "$v" ] || continue
+    turns+=("base-$(echo "$v" | tr ' =' '_-')-r$r|/tmp/chi-cpu-ab-base-build|$v")
+  done
   for v in "${sets[@]}"; do
     [ -n "$v" ] || continue
     turns+=("new-$(echo "$v" | tr ' =' '_-')-r$r|/tmp/chi-cpu-ab-new-build|$v")

@@ -54,7 +54,7 @@ struct Config {
   int64_t spin_ns = 50000;             // waiters and idle workers spin this long, then futex sleep, 0..1e10
   uint32_t worker_pop_batch = 0;       // tasks a worker takes from a shared queue at once, 1..8;
                                        // 0: 4 with 16+ hardware threads, else 1
-  uint32_t worker_spinners = 0;        // idle workers that spin (spin_ns) at once, 1..1024; 0: half the CPUs
+  uint32_t worker_spinners = 0;        // idle workers that spin (spin_ns) at once, 1..1024; 0: half the CPUs, at most 4
   int64_t client_yield_ns = 1000000;   // a client's waiter then polls with sched_yield this long, 0..1e10
   uint32_t client_spin_min_cpus = 4;   // clients spin and yield only on machines of at least this many CPUs
   bool submit_blocking = true;         // full slots: block (up to submit_timeout_ms) or fail with CHI_ERR_AGAIN

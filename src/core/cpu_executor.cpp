@@ -41,6 +41,8 @@ constexpr uint32_t kRotateEvery = 16;
 // A spinning worker that is not the watcher looks at the queues itself once
 // in this many polls (a few us).
 constexpr unsigned kSpinnerLookEvery = 64;
+// Spinners by default (worker_spinners 0): half the CPUs, at most this many.
+constexpr unsigned kDefaultMaxSpinners = 4;
 
 // Free-slot shards and run queues of application threads: enough that the
 // submitters of a 16-core machine each have their own (threads share them
@@ -168,9 +170,14 @@ chi_status_t CpuExecutor::start() {
   uint32_t n = cfg_.workers;
   // At most half the CPUs spin idle: with more spinners than cores, the
   // spinning workers and the threads that submit and wait time-slice, and a
-  // round trip costs a scheduler tick instead of a cache-line transfer.
+  // round trip costs a scheduler tick instead of a cache-line transfer.  And
+  // at most kDefaultMaxSpinners by default: one spinner watches the queues
+  // and the rest only stand by, so on a 16-CPU host 4 spinners gave one
+  // pipelining thread the throughput of 8 at two thirds of the CPU time,
+  // and 16 submitters as much or more (docs/performance.md).
   unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
-  max_spinners_ = std::max(1u, std::min(n, cfg_.worker_spinners ? cfg_.worker_spinners : cpus / 2));
+  max_spinners_ = std::max(1u, std::min(n, cfg_.worker_spinners ? cfg_.worker_spinners
+                                                                : std::min(cpus / 2, kDefaultMaxSpinners)));
   // Measured on a 16-CPU host with 16 workers and 16 submitters: taking up
   // to 4 tasks of a shared queue at once took 'cpu->cpu batched x16' from
   // 8.6-12.3 to 13-17 M tasks/s and its p99 from 4 ms to 0.6-3.7 ms; on 2
