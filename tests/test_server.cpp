@@ -636,7 +636,8 @@ void test_graceful_stop(void **) {
   assert_status(CHI_OK, chi_submit(c, CHI_ROUTE_CPU, f.sleep_method, &us, sizeof us, &queued));
   // Stop once the first task runs (200 ms): a task taken but not started
   // would be answered CHI_ERR_SHUTDOWN.
-  for (int i = 0; i < 3000 && g_sleeps_started.load() == started; ++i) usleep(1000);
+  for (int i = 0; i < 30000 && g_sleeps_started.load() == started; ++i) usleep(1000);
+  if (g_sleeps_started.load() == started) fail_msg("the first task did not start within 30 s");
   std::thread stopper([&] { assert_status(CHI_OK, chi_server_stop(f.srv, 5000)); });
   // Finished within the bound, its result delivered on every transport
   // (over ZeroMQ the server waits for the client to read its last frame).

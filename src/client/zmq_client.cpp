@@ -342,7 +342,19 @@ uint32_t ZmqClient::io_receive() {
 // One frame from the server; false when the session ends with it.
 bool ZmqClient::io_frame(const ipc::Frame &f) {
   if (f.kind == ipc::Kind::kGone) {
-    mark_gone("the server stopped");
+    // A stopping server says DISCONNECTED with no text; any other Gone
+    // closes this session alone, and its text says why (a protocol error,
+    // a session the server no longer knows).
+    if (f.status == CHI_ERR_DISCONNECTED || f.size == 0) {
+      mark_gone("the server stopped");
+    } else {
+      std::string why = "the server closed the session: ";
+      for (uint32_t k = 0; k < f.size && k < 200; ++k) {  // the server's text, printable bytes only
+        const unsigned char ch = f.payload[k];
+        why += ch >= 0x20 && ch < 0x7F ? char(ch) : '?';
+      }
+      mark_gone(why.c_str());
+    }
     // Gone is the server's last frame: closing the connection now tells
     // a stopping server that everything before it arrived.
     if (zmq_disconnect(dealer_, address_.c_str()) != 0)

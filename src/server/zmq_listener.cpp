@@ -257,6 +257,8 @@ bool ZmqListener::handle_frame(const std::string &identity, int fd, const ipc::F
   }
   if (!s) {
     // No hello first (or a session we dropped): the peer must connect again.
+    log(LogLevel::kInfo, "%s: a frame (kind %u) from a connection with no session: closed", address_.c_str(),
+        unsigned(f.kind));
     reply(identity, ipc::Kind::kGone, 0, CHI_ERR_PROTOCOL, "no session: say hello first", 27);
     *end = true;
     return true;
