@@ -13,7 +13,8 @@
 #                carry=[".devdeps"])
 #
 # Environment: GPU_BENCH_VARIANTS (';'-separated settings, each a list of
-# VAR=VALUE; an empty one is the defaults; default: the defaults alone),
+# VAR=VALUE and of chimaera-bench options written --opt=value; an empty one
+# is the defaults; default: the defaults alone),
 # GPU_BENCH_ROUNDS (default 2), GPU_BENCH_PAYLOAD (default 64),
 # GPU_BENCH_ITERS (default 20000), GPU_BENCH_TASKS (default 1000000).
 set -u -o pipefail
@@ -25,7 +26,11 @@ SUMMARY=$OUT/summary.txt
 note() { echo "$*" | tee -a "$SUMMARY"; }
 note "== gpu-bench-variants on $(hostname), $(date -u +%FT%TZ), $(nproc) CPUs, $(git log -1 --format=%h 2>/dev/null || echo 'no history')"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
-if [ ! -x build-gpu/src/tools/chimaera-bench ]; then
+if [ -f build-gpu/build.ninja ]; then  # a warm machine's build: brought up to this tree
+  . scripts/gpu-deps.sh >/dev/null 2>&1
+  cmake --build build-gpu -j "${JOBS:-16}" --target chimaera-bench >"$OUT/raw/rebuild.log" 2>&1 ||
+    note "rebuild FAILED: see raw/rebuild.log"
+else
   OUT=$OUT/raw/build GPU_RUN_STEPS=build GPU_RUN_BUDGET=150 bash scripts/gpu-run.sh >/dev/null 2>&1
   grep -E "^build" "$OUT/raw/build/summary.txt" | tee -a "$SUMMARY"
 fi
@@ -44,9 +49,10 @@ for r in $(seq 1 "${GPU_BENCH_ROUNDS:-2}"); do
   for v in "${order[@]}"; do
     tag=$(echo "${v:-defaults}" | tr ' =' '_-')
     f=$OUT/raw/$tag-r$r
-    read -r -a envs <<<"$v"
+    envs=() args=()
+    for w in $v; do case $w in --*) args+=("$w") ;; *) envs+=("$w") ;; esac; done
     env "${envs[@]}" timeout 300 build-gpu/src/tools/chimaera-bench --iters "${GPU_BENCH_ITERS:-20000}" \
-      --tput-tasks "${GPU_BENCH_TASKS:-1000000}" --payload "$P" --json-file "$f.json" >"$f.txt" 2>&1
+      --tput-tasks "${GPU_BENCH_TASKS:-1000000}" --payload "$P" --json-file "$f.json" "${args[@]}" >"$f.txt" 2>&1
     rc=$?
     row() { awk -v n="$1" -v c="$2" '{ line = $0; sub(/[ ]+(latency|throughput|floor|peer)[ ].*$/, "", line) }
                                       line == n { split(substr($0, length(n) + 1), a, " "); print a[c]; exit }' "$f.txt"; }

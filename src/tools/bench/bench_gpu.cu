@@ -915,8 +915,8 @@ void gpu_throughput(Gpu &g, chi_route_t route, const chi_bench_options &opt, uin
   if (!usable_for_routes(g, opt, row)) return;
   cudaSetDevice(g.ordinal);
   // Tasks in flight stay within the route's slots, so the rows measure the
-  // route rather than CHI_ERR_AGAIN retries.
-  const uint32_t lanes = std::clamp<uint32_t>(g.slots / nwarps, 1u, 32u);
+  // route rather than CHI_ERR_AGAIN retries (--gpu-lanes: fewer, or more).
+  const uint32_t lanes = opt.gpu_lanes ? opt.gpu_lanes : std::clamp<uint32_t>(g.slots / nwarps, 1u, 32u);
   row->window = lanes;
   const uint64_t per_lane64 = std::max<uint64_t>(
       (opt.tput_tasks + uint64_t(nwarps) * lanes - 1) / (uint64_t(nwarps) * lanes), 16);

@@ -63,6 +63,8 @@ struct chi_bench_options {
   uint32_t threads;      /* submitters of the multi-threaded throughput row  */
   uint32_t payload;      /* bytes of input and of output                     */
   int pin;               /* pin the benchmark's own threads to CPUs          */
+  uint32_t gpu_lanes;    /* lanes per warp of the GPU throughput rows; 0:
+                            the route's slots over the warps, at most 32     */
 };
 
 /* Clears *row, sets its name and kind, NaN for every number and CHI_OK. */

@@ -43,6 +43,9 @@ void usage(std::FILE *out) {
       "  --window N      outstanding futures per submitter (default 64); keep\n"
       "                  threads x window within queue_depth (1024 by default)\n"
       "  --payload N     bytes of input and output (default 64)\n"
+      "  --gpu-lanes N   submitting lanes per warp of the GPU throughput rows, 1..32\n"
+      "                  (default: the route's slots over the warps, at most 32, so\n"
+      "                  that the tasks in flight nearly fill the slots)\n"
       "  --workers N     CPU worker threads (default: from config, else one per CPU)\n"
       "  --config PATH   chimaera.yaml to use (default: $CHI_CONFIG, else built-ins)\n"
       "  --pin           pin the benchmark's own threads to CPUs (workers are not)\n"
@@ -232,7 +235,7 @@ int main(int argc, char **argv) {
 
   enum { kIters = 256, kWarmup, kTput, kThreads, kWindow, kPayload, kWorkers, kConfig, kPin,
          kJson, kJsonFile, kHelp, kServer, kServerBin, kProcs, kClients, kFairness, kFloodWindow, kClientMs,
-         kIdleMs, kWakeSamples, kTransportsOpt };
+         kIdleMs, kWakeSamples, kTransportsOpt, kGpuLanes };
   static const option longopts[] = {
       {"iters", required_argument, nullptr, kIters},
       {"warmup", required_argument, nullptr, kWarmup},
@@ -256,6 +259,7 @@ int main(int argc, char **argv) {
       {"idle-ms", required_argument, nullptr, kIdleMs},
       {"wake-samples", required_argument, nullptr, kWakeSamples},
       {"transports", required_argument, nullptr, kTransportsOpt},
+      {"gpu-lanes", required_argument, nullptr, kGpuLanes},
       {nullptr, 0, nullptr, 0}};
 
   chi_bench_options opt{};
@@ -294,6 +298,10 @@ int main(int argc, char **argv) {
       case kPayload:
         if (!count_arg("--payload", optarg, 0, 1 << 20, &v)) return 2;
         opt.payload = uint32_t(v);
+        break;
+      case kGpuLanes:
+        if (!count_arg("--gpu-lanes", optarg, 1, 32, &v)) return 2;
+        opt.gpu_lanes = uint32_t(v);
         break;
       case kWorkers:
         if (!count_arg("--workers", optarg, 1, 1024, &v)) return 2;
