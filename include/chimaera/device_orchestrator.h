@@ -364,6 +364,49 @@ CHI_DEVICE void run_solo_task(const chi_dev_layout *l, uint32_t slot, uint32_t g
  * not there yet stays for the next call.  Relaxed loads throughout: the LL
  * flags tell what is there, and an input in plain bytes is read after an
  * acquire fence.  Returns the tasks run; *left: bits left so (may be NULL). */
+/* The k-th (from 0) set bit of m, which has more than k. */
+CHI_DEVICE uint32_t nth_set_bit(uint32_t m, uint32_t k) {
+  for (; k; --k) m &= m - 1u;
+  return static_cast<uint32_t>(chi_port::ffs32(m) - 1);
+}
+
+/* serve_bells' round when some lane's word holds more than one waiting task
+ * (warp-collective): the warp's waiting tasks, in lane order and bit order
+ * within a word, are dealt out one per lane, so that a worker serving a few
+ * busy bell words runs a warp's worth of tasks a round, not one per word.
+ * Lane j takes task j: its word (*tw), bit (*bit) and the lane whose word it
+ * is (*owner).  Each lane's todo loses the bits dealt out.  True when this
+ * lane took a task. */
+CHI_DEVICE bool deal_tasks(uint32_t lane, uint32_t w, uint32_t *todo, uint32_t *tw, uint32_t *bit,
+                           uint32_t *owner) {
+  const uint32_t cnt = chi_port::popc(*todo);
+  uint32_t incl = cnt; /* tasks of lanes 0..lane */
+  for (uint32_t d = 1; d < CHI_WARP_SIZE; d <<= 1) {
+    const uint32_t t = chi_port::shfl(incl, static_cast<int>(lane >= d ? lane - d : lane));
+    if (lane >= d) incl += t;
+  }
+  const uint32_t excl = incl - cnt;
+  const uint32_t total = chi_port::shfl(incl, CHI_WARP_SIZE - 1);
+  /* Task `lane` belongs to the first lane whose incl passes it. */
+  uint32_t pos = 0;
+  for (uint32_t step = CHI_WARP_SIZE / 2u; step >= 1u; step >>= 1)
+    if (chi_port::shfl(incl, static_cast<int>(pos + step - 1u)) <= lane) pos += step;
+  const bool has = lane < total;
+  const uint32_t from = has ? pos : lane;
+  const uint32_t m = chi_port::shfl(*todo, static_cast<int>(from));
+  const uint32_t k = lane - chi_port::shfl(excl, static_cast<int>(from));
+  const uint32_t fw = chi_port::shfl(w, static_cast<int>(from));
+  for (uint32_t give = excl >= CHI_WARP_SIZE ? 0u : (cnt < CHI_WARP_SIZE - excl ? cnt : CHI_WARP_SIZE - excl); give;
+       --give)
+    *todo &= *todo - 1u;
+  if (has) {
+    *tw = fw;
+    *bit = nth_set_bit(m, k);
+    *owner = from;
+  }
+  return has;
+}
+
 template <class D>
 CHI_DEVICE_NOINLINE uint32_t serve_bells(const chi_dev_orch_state_t *st, uint32_t first, uint32_t stride,
                                          uint32_t lane, uint8_t *in, uint32_t *left) {
@@ -380,11 +423,23 @@ CHI_DEVICE_NOINLINE uint32_t serve_bells(const chi_dev_orch_state_t *st, uint32_
     if (!chi_port::ballot(todo != 0u)) continue;
     const uint32_t seen0 = seen;
     for (;;) {
-      const bool has = todo != 0u;
-      if (!chi_port::ballot(has)) break;
-      const uint32_t bit = has ? static_cast<uint32_t>(chi_port::ffs32(todo) - 1) : 0u;
-      todo &= has ? todo - 1u : 0u; /* looked at in this round */
-      const uint32_t slot = w * 32u + bit;
+      if (!chi_port::ballot(todo != 0u)) break;
+      /* The round's tasks: each lane its own word's next one while no word
+       * holds more than one; else dealt out over the warp (deal_tasks).  One
+       * per word left most lanes idle once 1056 warps kept 90% of the slots
+       * busy (H200: 72 M tasks/s with 8192 slots, 107 with 16384 and the
+       * same tasks in flight: docs/performance.md). */
+      const bool dealt = chi_port::ballot(chi_port::popc(todo) > 1u) != 0;
+      uint32_t tw = w, bit = 0u, owner = lane;
+      bool has;
+      if (!dealt) {
+        has = todo != 0u;
+        bit = has ? static_cast<uint32_t>(chi_port::ffs32(todo) - 1) : 0u;
+        todo &= has ? todo - 1u : 0u; /* looked at in this round */
+      } else {
+        has = deal_tasks(lane, w, &todo, &tw, &bit, &owner);
+      }
+      const uint32_t slot = tw * 32u + bit;
       uint64_t q0 = 0, q1 = 0, p0 = 0, p1 = 0, x[kD2dLlWords];
 #pragma unroll
       for (uint32_t j = 0; j < kD2dLlWords; ++j) x[j] = 0;
@@ -429,9 +484,16 @@ CHI_DEVICE_NOINLINE uint32_t serve_bells(const chi_dev_orch_state_t *st, uint32_
           chi_port::ll_store16_dev(d2d_words(l, slot) + CHI_DEV_D2D_REPLY_WORD,
                                    ll_pack(static_cast<uint32_t>(held), gen), ll_pack(static_cast<uint32_t>(held >> 32), gen));
       }
-      if (ready) {
-        finish_local(l, slot, gen);
-        seen ^= 1u << bit;
+      if (ready) finish_local(l, slot, gen);
+      /* The word's owner marks its tasks seen. */
+      const uint32_t mark = ready ? 1u << bit : 0u;
+      if (!dealt) {
+        seen ^= mark;
+      } else if (chi_port::ballot(mark != 0u)) {
+        for (uint32_t d = 0; d < CHI_WARP_SIZE; ++d) {
+          const uint32_t v = chi_port::shfl(mark, static_cast<int>(d));
+          if (chi_port::shfl(owner, static_cast<int>(d)) == lane) seen ^= v;
+        }
       }
       ran += chi_port::popc(chi_port::ballot(ready));
     }
