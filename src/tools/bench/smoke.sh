@@ -13,13 +13,22 @@ command -v python3 >/dev/null 2>&1 || { echo "python3 not found: skipped"; exit 
 work=$(mktemp -d "${TMPDIR:-/tmp}/chimaera-bench-smoke.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 out="$work/embedded.json"
-"$bench" --iters 2000 --warmup 200 --tput-tasks 4000 --json >"$out"
+# --gpu-lanes takes 1..32 (a bad count exits 2 before any row); with a GPU
+# its throughput rows run that many lanes per warp (their "window").
+for bad in 0 33 x; do
+  if "$bench" --gpu-lanes "$bad" --iters 10 >/dev/null 2>&1; then echo "--gpu-lanes $bad accepted"; exit 1; fi
+done
+"$bench" --iters 2000 --warmup 200 --tput-tasks 4000 --gpu-lanes 3 --json >"$out"
 python3 -m json.tool "$out" >/dev/null
 python3 - "$out" <<'PY'
 import json, sys
 doc = json.load(open(sys.argv[1]))
 rows = {r["name"]: r for r in doc["rows"]}
 assert doc["ok"] is True, "ok is not true"
+gpu_tput = [r for r in doc["rows"] if r["kind"] == "throughput" and r["name"].startswith("gpu0->")]
+assert doc["machine"]["gpus"] == 0 or gpu_tput, "no GPU throughput rows"
+for r in gpu_tput:
+    assert r["window"] == 3, "%s: window %r, --gpu-lanes 3" % (r["name"], r["window"])
 for key in ("hostname", "online_cpus", "gpus"):
     assert key in doc["machine"], "machine." + key + " missing"
 for name in ("floor.cpu_pingpong", "peer.pipe", "cpu->cpu", "cpu->cpu local",
