@@ -351,19 +351,6 @@ CHI_DEVICE void run_solo_task(const chi_dev_layout *l, uint32_t slot, uint32_t g
                            ll_pack(osize, gen));
 }
 
-/* Serves the GPU->GPU bells of words first, first + stride, ... (warp-
- * collective; lane i looks at every 32nd of them from word first + i x
- * stride): a bit that differs from the served copy (d2d_seen) is a new
- * request.  Each lane takes one such slot at a time and reads its request
- * words, its reply words and its input's LL words, all lanes' loads in one
- * round trip; a request is there once both its words carry one generation
- * that is not the reply's (the slot's last task).  Solo built-ins
- * (solo_builtin) run on their own lanes, side by side; the warp runs the
- * other tasks one after another, then marks them all DONE (finish_local, one CAS per
- * lane, in flight at once) and updates its copy.  A bit whose request is
- * not there yet stays for the next call.  Relaxed loads throughout: the LL
- * flags tell what is there, and an input in plain bytes is read after an
- * acquire fence.  Returns the tasks run; *left: bits left so (may be NULL). */
 /* The k-th (from 0) set bit of m, which has more than k. */
 CHI_DEVICE uint32_t nth_set_bit(uint32_t m, uint32_t k) {
   for (; k; --k) m &= m - 1u;
@@ -407,6 +394,20 @@ CHI_DEVICE bool deal_tasks(uint32_t lane, uint32_t w, uint32_t *todo, uint32_t *
   return has;
 }
 
+/* Serves the GPU->GPU bells of words first, first + stride, ... (warp-
+ * collective; lane i looks at every 32nd of them from word first + i x
+ * stride): a bit that differs from the served copy (d2d_seen) is a new
+ * request.  Each lane takes one such slot at a time (its own word's, or one
+ * dealt out over the warp while a word holds several: deal_tasks) and reads
+ * its request words, its reply words and its input's LL words, all lanes' loads in one
+ * round trip; a request is there once both its words carry one generation
+ * that is not the reply's (the slot's last task).  Solo built-ins
+ * (solo_builtin) run on their own lanes, side by side; the warp runs the
+ * other tasks one after another, then marks them all DONE (finish_local, one CAS per
+ * lane, in flight at once) and updates its copy.  A bit whose request is
+ * not there yet stays for the next call.  Relaxed loads throughout: the LL
+ * flags tell what is there, and an input in plain bytes is read after an
+ * acquire fence.  Returns the tasks run; *left: bits left so (may be NULL). */
 template <class D>
 CHI_DEVICE_NOINLINE uint32_t serve_bells(const chi_dev_orch_state_t *st, uint32_t first, uint32_t stride,
                                          uint32_t lane, uint8_t *in, uint32_t *left) {

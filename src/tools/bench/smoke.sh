@@ -25,7 +25,8 @@ import json, sys
 doc = json.load(open(sys.argv[1]))
 rows = {r["name"]: r for r in doc["rows"]}
 assert doc["ok"] is True, "ok is not true"
-gpu_tput = [r for r in doc["rows"] if r["kind"] == "throughput" and r["name"].startswith("gpu0->")]
+gpu_tput = [r for r in doc["rows"] if r["kind"] == "throughput" and r["name"].startswith("gpu0->")
+            and r["status"] == 0]
 assert doc["machine"]["gpus"] == 0 or gpu_tput, "no GPU throughput rows"
 for r in gpu_tput:
     assert r["window"] == 3, "%s: window %r, --gpu-lanes 3" % (r["name"], r["window"])
