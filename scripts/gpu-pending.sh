@@ -12,9 +12,7 @@
 #   cpuab    scripts/gpu-cpu-ab.sh: chimaera-bench's CPU rows (16
 #            submitters, GPUs hidden) of build-abtrees/base.tar.gz and this
 #            tree in turns, PENDING_ROUNDS rounds, both built without
-#            CUDA (next: `scripts/gpu-route-ab.sh prepare HEAD && git apply
-#            docs/bench/next-wake-grace.patch` here, a woken worker's short
-#            spin past the spinner cap; see its pipelined x1 CPU per task);
+#            CUDA (PENDING_CPUAB_PATCH: a patch on the new side only);
 #   coexist  test_gpu_coexist's device-wide call times from this tree and,
 #            with build-abtrees/base.tar.gz, from a base built beside it, in
 #            turns (docs/gpu.md, "Coexisting with other CUDA code");
@@ -31,7 +29,8 @@
 # "build ctest sanitize cpuab soak"; without build, build-gpu must be there),
 # PENDING_CPUAB_PATCH (a patch applied to this tree just before the cpuab
 # part: its new side; the GPU build, tests and soak run without it).
-# Next loan: PENDING_CPUAB_PATCH=docs/bench/next-wake-grace.patch PENDING_ROUNDS=4
+# Example (2026-11-28, run1 of docs/bench/h200-2026-11-28c: the patch was left out):
+# PENDING_CPUAB_PATCH=docs/bench/next-wake-grace.patch PENDING_ROUNDS=4
 # CPU_AB_VARIANTS='CHI_WORKER_SPINNERS=2;CHI_WORKER_SPINNERS=4' bash scripts/gpu-pending.sh
 set -u -o pipefail
 cd "$(dirname "$0")/.."
