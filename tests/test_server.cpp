@@ -1270,6 +1270,78 @@ struct RawDealer {
   }
 };
 
+// A server that closes one session (a Gone frame that is not its stop:
+// status CHI_ERR_PROTOCOL and a reason): the client's calls answer
+// CHI_ERR_DISCONNECTED and its message gives the server's reason, with
+// bytes that are not printable shown as '?'.  A fake ROUTER plays the
+// server: it welcomes the client, then answers its first submit so.
+void test_gone_reason(void **) {
+  if (g_transport != "ipc") return skip();  // one ZeroMQ transport is enough
+  const std::string address = unique_name("fake");
+  void *ctx = zmq_ctx_new();
+  void *router = zmq_socket(ctx, ZMQ_ROUTER);
+  int linger = 0, timeout = 10000;
+  zmq_setsockopt(router, ZMQ_LINGER, &linger, sizeof linger);
+  zmq_setsockopt(router, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+  assert_int_equal(zmq_bind(router, address.c_str()), 0);
+  std::atomic<int> served{0};
+  std::thread fake([&] {
+    using chi::ipc::Kind;
+    auto answer = [&](const std::string &id, Kind kind, uint64_t fid, int32_t status, const std::string &body) {
+      chi::ipc::Frame f;
+      f.kind = kind;
+      f.id = fid;
+      f.status = status;
+      f.payload = reinterpret_cast<const uint8_t *>(body.data());
+      f.size = uint32_t(body.size());
+      std::string out;
+      chi::ipc::encode_frame(f, &out);
+      zmq_send(router, id.data(), id.size(), ZMQ_SNDMORE);
+      zmq_send(router, out.data(), out.size(), 0);
+    };
+    for (int step = 0; step < 2; ++step) {
+      char id[256], body[chi::ipc::kFrameHeader + 4096];
+      const int idn = zmq_recv(router, id, sizeof id, 0);
+      const int n = idn > 0 ? zmq_recv(router, body, sizeof body, 0) : -1;
+      if (n <= 0) return;
+      chi::ipc::Frame f;
+      size_t used = 0;
+      std::string why;
+      if (chi::ipc::decode_next_frame(body, size_t(n), &f, &used, &why) != CHI_OK) return;
+      const std::string who(id, size_t(idn));
+      if (f.kind == Kind::kHello) {
+        chi::ipc::Welcome w{};
+        w.protocol = chi::ipc::kProtocolVersion;
+        w.library_version = CHI_VERSION_NUMBER;
+        w.nslots = 16;
+        w.max_payload = 1024;
+        w.method_limit = 64;
+        w.session_id = 1;
+        answer(who, Kind::kWelcome, f.id, CHI_OK, std::string(reinterpret_cast<const char *>(&w), sizeof w));
+      } else if (f.kind == Kind::kSubmit) {
+        answer(who, Kind::kGone, 0, CHI_ERR_PROTOCOL, std::string("no session:\x01 say hello\n"));
+      }
+      served.fetch_add(1);
+    }
+  });
+  chi_runtime_t *c = connect_client(address);
+  chi_future_t fu;
+  chi_status_t st = chi_submit(c, CHI_ROUTE_CPU, CHI_METHOD_ECHO, "x", 1, &fu);
+  if (st == CHI_OK) st = chi_wait(c, fu, -1, nullptr, 0, nullptr);
+  fake.join();
+  assert_int_equal(served.load(), 2);
+  assert_status(CHI_ERR_DISCONNECTED, st);
+  const std::string msg = chi_last_error_message();
+  if (msg.find("the server closed the session: no session:? say hello?") == std::string::npos)
+    fail_msg("message: '%s'", msg.c_str());
+  // Later calls say the same, and the runtime ends cleanly.
+  assert_status(CHI_ERR_DISCONNECTED, chi_submit(c, CHI_ROUTE_CPU, CHI_METHOD_ECHO, "x", 1, &fu));
+  assert_non_null(strstr(chi_last_error_message(), "closed the session"));
+  assert_status(CHI_OK, chi_finalize(c));
+  zmq_close(router);
+  zmq_ctx_term(ctx);
+}
+
 void test_malformed_frames(void **) {
   if (g_transport == "shm") return skip();  // test_garbage_in_segment covers shared memory
   ServerFixture f = start_server();
@@ -1580,6 +1652,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_server_killed),
       cmocka_unit_test(test_silent_connections),
       cmocka_unit_test(test_graceful_stop),
+      cmocka_unit_test(test_gone_reason),
       cmocka_unit_test(test_cancel_on_kill),
       cmocka_unit_test(test_prompt_stop),
       cmocka_unit_test(test_stop_under_load),
