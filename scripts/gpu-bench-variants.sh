@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # chimaera-bench's GPU rows under several settings of one build, in turns, in
 # one device call: builds this tree (build-gpu, through scripts/gpu-run.sh's
-# build step, unless it is there), then runs `chimaera-bench --payload P`
+# build step; a warm machine's build-gpu is brought up to date), then runs `chimaera-bench --payload P`
 # once per setting and round (even rounds in reverse order, so that no
 # setting always runs first).  One line per run in $OUT/summary.txt: the
 # p50 of gpu0->local, gpu0->cpu and cpu->gpu0 (us), the 1056-warp rows of

@@ -6,7 +6,8 @@
 # --tput-tasks M` with CHI_GPU_DEVICES=0 for base, new and each variant of
 # the new build, ROUNDS times in turns (even rounds in reverse order).  One line per run in $OUT/summary.txt
 # (cpu->cpu p50 us, pipelined x1 M/s, pipelined xN M/s / p99 us, batched xN
-# M/s / p99 us); the raw outputs in $OUT/raw.tgz.
+# M/s / p99 us, then CPU us and context switches per task of pipelined x1,
+# pipelined xN and batched xN); the raw outputs in $OUT/raw.tgz.
 #
 #   here:    scripts/gpu-route-ab.sh prepare d9e5231
 #   device:  run(command="CPU_AB_VARIANTS='CHI_WORKER_POP_BATCH=1' bash scripts/gpu-cpu-ab.sh",

@@ -1212,6 +1212,22 @@ int child_adder(const char *address, long tasks, uint64_t id) {
 }
 
 // A raw DEALER: what a hostile or broken ZeroMQ peer can send.
+// One frame's bytes, as a peer puts them on the wire.
+std::string frame_bytes(chi::ipc::Kind kind, uint64_t id, const std::string &payload, int32_t status = 0,
+                        uint32_t method = 0, int32_t route = 0) {
+  chi::ipc::Frame f;
+  f.kind = kind;
+  f.id = id;
+  f.status = status;
+  f.method = method;
+  f.route = route;
+  f.payload = reinterpret_cast<const uint8_t *>(payload.data());
+  f.size = uint32_t(payload.size());
+  std::string out;
+  chi::ipc::encode_frame(f, &out);
+  return out;
+}
+
 struct RawDealer {
   void *ctx = zmq_ctx_new();
   void *sock = nullptr;
@@ -1230,16 +1246,7 @@ struct RawDealer {
     assert_true(zmq_send(sock, bytes.data(), bytes.size(), more ? ZMQ_SNDMORE : 0) >= 0);
   }
   void send(chi::ipc::Kind kind, uint64_t id, uint32_t method, int32_t route, const std::string &payload) {
-    chi::ipc::Frame f;
-    f.kind = kind;
-    f.id = id;
-    f.method = method;
-    f.route = route;
-    f.payload = reinterpret_cast<const uint8_t *>(payload.data());
-    f.size = uint32_t(payload.size());
-    std::string out;
-    chi::ipc::encode_frame(f, &out);
-    send(out);
+    send(frame_bytes(kind, id, payload, 0, method, route));
   }
   // The next reply frame, decoded (a part may batch several: the rest wait
   // for the next call); its payload stays valid until then; false on timeout.
@@ -1288,14 +1295,7 @@ void test_gone_reason(void **) {
   std::thread fake([&] {
     using chi::ipc::Kind;
     auto answer = [&](const std::string &id, Kind kind, uint64_t fid, int32_t status, const std::string &body) {
-      chi::ipc::Frame f;
-      f.kind = kind;
-      f.id = fid;
-      f.status = status;
-      f.payload = reinterpret_cast<const uint8_t *>(body.data());
-      f.size = uint32_t(body.size());
-      std::string out;
-      chi::ipc::encode_frame(f, &out);
+      const std::string out = frame_bytes(kind, fid, body, status);
       zmq_send(router, id.data(), id.size(), ZMQ_SNDMORE);
       zmq_send(router, out.data(), out.size(), 0);
     };
