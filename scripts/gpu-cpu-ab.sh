@@ -62,10 +62,10 @@ run() { # TAG BUILD [VAR=VALUE ...]
   env CHI_GPU_DEVICES=0 "$@" timeout 120 "$b/src/tools/chimaera-bench" --iters "${CPU_AB_ITERS:-20000}" \
     --tput-tasks "${CPU_AB_TASKS:-1000000}" --threads "$THREADS" >"$f" 2>&1
   note "$(printf '%-40s' "$tag") $(awk '$1 == "cpu->cpu" && $2 == "latency" {printf "%s", $5}' "$f") |" \
-    "$(awk '$2 == "pipelined" && $3 == "x1" && $5 != "us" {printf "%s", $10}' "$f") |" \
-    "$(awk -v t="x$THREADS" '$2 == "pipelined" && $3 == t && $5 != "us" {printf "%s (%s)", $10, $8}' "$f") |" \
-    "$(awk -v t="x$THREADS" '$2 == "batched" && $3 == t && $5 != "us" {printf "%s (%s)", $10, $8}' "$f")" \
-    "| $(awk -v t="x$THREADS" '$5 == "us" && ($3 == t || $3 == "x1") {printf "%s/%s ", $4, $7}' "$f")"
+    "$(awk '$1 == "cpu->cpu" && $2 == "pipelined" && $3 == "x1" && $5 != "us" {printf "%s", $10}' "$f") |" \
+    "$(awk -v t="x$THREADS" '$1 == "cpu->cpu" && $2 == "pipelined" && $3 == t && $5 != "us" {printf "%s (%s)", $10, $8}' "$f") |" \
+    "$(awk -v t="x$THREADS" '$1 == "cpu->cpu" && $2 == "batched" && $3 == t && $5 != "us" {printf "%s (%s)", $10, $8}' "$f")" \
+    "| $(awk -v t="x$THREADS" '$1 == "cpu->cpu" && $5 == "us" && ($3 == t || $3 == "x1") {printf "%s/%s ", $4, $7}' "$f")"
 }
 # Each round runs base, new and the variants; even rounds in the reverse
 # order, so that no build always runs first (stop 33's run3 ran base first

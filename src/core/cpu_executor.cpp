@@ -577,12 +577,18 @@ bool CpuExecutor::pop_task(QueuedTask *task, bool own_only, bool batch) {
   return false;
 }
 
-bool CpuExecutor::any_task(uint32_t from) const {
+bool CpuExecutor::any_task(uint32_t from, uint32_t *ring) const {
   for (uint32_t k = 0, r = from & (nrings_ - 1); k < nrings_; ++k, r = r + 1 == nrings_ ? 0 : r + 1)
-    if (run_[r].maybe_nonempty()) return true;
+    if (run_[r].maybe_nonempty()) {
+      if (ring) *ring = r;
+      return true;
+    }
   const uint32_t n = cfg_.workers;
   for (uint32_t k = 0, w = from % n; k < n; ++k, w = w + 1 == n ? 0 : w + 1)
-    if (local_[w].maybe_nonempty()) return true;
+    if (local_[w].maybe_nonempty()) {
+      if (ring) *ring = nrings_;
+      return true;
+    }
   return false;
 }
 
@@ -594,9 +600,14 @@ void CpuExecutor::worker_main(unsigned id) {
   const uint32_t me = id % kSpinFlags;
   std::atomic<uint8_t> &flag = spinning_[me];
   bool watching = false;  // this worker holds watcher_
+  uint32_t seen = nrings_;  // the shared queue the spin saw a task in
   for (;;) {
     QueuedTask task;
-    const bool got = pop_task(&task, false, streak > 0);
+    // After a spin, the queue it saw the task in first: the scan from this
+    // worker's own queues on costs a few lines per empty queue.
+    bool got = seen < nrings_ && run_[seen].pop(&task, input_dst, this);
+    seen = nrings_;
+    if (!got) got = pop_task(&task, false, streak > 0);
     // The watch goes to another spinner once this worker has its task (or
     // found none after all), so that the next spinner does not chase the
     // same one.
@@ -662,7 +673,7 @@ void CpuExecutor::worker_main(unsigned id) {
           watching = watcher_.compare_exchange_strong(none, id + 1, std::memory_order_acquire,
                                                       std::memory_order_relaxed);
         }
-        if ((watching || polls % kSpinnerLookEvery == 0) && any_task()) {
+        if ((watching || polls % kSpinnerLookEvery == 0) && any_task(0, &seen)) {
           found = true;
           break;
         }

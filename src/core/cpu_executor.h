@@ -127,8 +127,9 @@ class CpuExecutor final : public Executor {
   static uint8_t *input_dst(void *self, uint32_t slot);
   // Whether some queue may hold a task, looking first at the queues of
   // index `from` (a worker's own, so that workers do not all poll one
-  // queue's lines first).
-  bool any_task(uint32_t from = 0) const;
+  // queue's lines first).  *ring (when given): the shared queue it saw a
+  // task in, or nrings_ when that was a worker's own queue.
+  bool any_task(uint32_t from = 0, uint32_t *ring = nullptr) const;
   void worker_main(unsigned id);
   static void *worker_entry(void *arg);
   chi_status_t start_worker(unsigned id);
