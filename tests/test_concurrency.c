@@ -559,6 +559,65 @@ static void test_idle_worker_runs_beside_busy(void **state) {
   }
 }
 
+/* Spinners that leave together, each with a task that holds its worker,
+ * while the other workers sleep: the tasks queued behind them still run.  A
+ * worker that leaves its spin with a task skips the look for more work (and
+ * the wake-up it would pass on) while another worker spins; of spinners
+ * that leave at once, the last to read the others' flags sees them all
+ * clear and looks.  Were that look skipped by all of them, the quick tasks
+ * would wait for the held handlers, which wait for the test: the 10 s wait
+ * fails the test instead of a hang.  Two and three spinners of four
+ * workers, spinning long so that only the cap decides who sleeps. */
+static atomic_int holds_running, holds_release;
+
+static chi_status_t holds_handler(chi_request_t *req, void *user) {
+  (void)user;
+  atomic_fetch_add(&holds_running, 1);
+  for (int i = 0; i < 60000 && !atomic_load(&holds_release); i++) sleep_ms(1);
+  req->output_size = 0;
+  return CHI_OK;
+}
+
+static void test_spinners_leave_together(void **state) {
+  (void)state;
+  SKIP_IN_CLIENT_MODE("worker_spinners in this YAML is the embedded runtime's own; a client's tasks run on "
+                      "the server's workers");
+  static const char *const yaml[2] = {"worker_spinners: 2\nspin_ns: 200000000\n",
+                                      "worker_spinners: 3\nspin_ns: 200000000\n"};
+  for (int v = 0; v < 2; v++) {
+    chi_runtime_t *rt = chi_test_init_yaml(4, yaml[v]);
+    chi_method_t m = 0;
+    assert_status(CHI_OK, chi_register_handler(rt, "test.holds", holds_handler, NULL, &m));
+    const long rounds = chi_test_scaled(100);
+    for (long round = 0; round < rounds; round++) {
+      atomic_store(&holds_running, 0);
+      atomic_store(&holds_release, 0);
+      enum { kHeld = 2, kQuick = 6 };
+      chi_future_t held[kHeld], quick[kQuick];
+      for (int i = 0; i < kHeld; i++) assert_status(CHI_OK, chi_submit(rt, CHI_ROUTE_CPU, m, NULL, 0, &held[i]));
+      /* Odd rounds: the quick tasks come once both held ones run. */
+      if (round % 2)
+        while (atomic_load(&holds_running) < kHeld) sched_yield();
+      for (int i = 0; i < kQuick; i++) {
+        const char c = (char)('a' + i);
+        assert_status(CHI_OK, chi_submit(rt, CHI_ROUTE_CPU, CHI_METHOD_ECHO, &c, 1, &quick[i]));
+      }
+      chi_status_t first_bad = CHI_OK;
+      for (int i = 0; i < kQuick; i++) {
+        char c = 0;
+        const chi_status_t s = chi_wait(rt, quick[i], 10000000000LL, &c, 1, NULL);
+        if (s == CHI_OK && c != (char)('a' + i)) first_bad = CHI_ERR_INVALID;
+        if (s != CHI_OK && first_bad == CHI_OK) first_bad = s;
+        if (s != CHI_OK) break;
+      }
+      atomic_store(&holds_release, 1);
+      for (int i = 0; i < kHeld; i++) assert_status(CHI_OK, chi_wait(rt, held[i], -1, NULL, 0, NULL));
+      assert_status(CHI_OK, first_bad);
+    }
+    assert_status(CHI_OK, chi_finalize(rt));
+  }
+}
+
 static void test_blocking_submit_times_out(void **state) {
   (void)state;
   SKIP_IN_CLIENT_MODE(kClientSlotsReason);
@@ -847,6 +906,7 @@ int main(void) {
       cmocka_unit_test(test_nonblocking_full),
       cmocka_unit_test(test_blocking_submit_times_out),
       cmocka_unit_test(test_idle_worker_runs_beside_busy),
+      cmocka_unit_test(test_spinners_leave_together),
       cmocka_unit_test(test_blocking_submit_gets_freed_slot),
       cmocka_unit_test(test_nonblocking_submitters),
       cmocka_unit_test(test_racing_waiters),
