@@ -515,13 +515,13 @@ static void test_nonblocking_full(void **state) {
  * awake (a long spin_ns), so the spinner that took the held task also held
  * the watch and must have handed it on. */
 typedef struct hold {
-  atomic_int running;
+  atomic_int running; /* handlers that started */
   atomic_int release;
 } hold_t;
 
 static chi_status_t hold_handler(chi_request_t *req, void *user) {
   hold_t *h = user;
-  atomic_store(&h->running, 1);
+  atomic_fetch_add(&h->running, 1);
   /* Released by the test; 60 s at most, so that a failed test ends. */
   for (int i = 0; i < 60000 && !atomic_load(&h->release); i++) sleep_ms(1);
   req->output_size = 0;
@@ -568,16 +568,6 @@ static void test_idle_worker_runs_beside_busy(void **state) {
  * would wait for the held handlers, which wait for the test: the 10 s wait
  * fails the test instead of a hang.  Two and three spinners of four
  * workers, spinning long so that only the cap decides who sleeps. */
-static atomic_int holds_running, holds_release;
-
-static chi_status_t holds_handler(chi_request_t *req, void *user) {
-  (void)user;
-  atomic_fetch_add(&holds_running, 1);
-  for (int i = 0; i < 60000 && !atomic_load(&holds_release); i++) sleep_ms(1);
-  req->output_size = 0;
-  return CHI_OK;
-}
-
 static void test_spinners_leave_together(void **state) {
   (void)state;
   SKIP_IN_CLIENT_MODE("worker_spinners in this YAML is the embedded runtime's own; a client's tasks run on "
@@ -586,18 +576,19 @@ static void test_spinners_leave_together(void **state) {
                                       "worker_spinners: 3\nspin_ns: 200000000\n"};
   for (int v = 0; v < 2; v++) {
     chi_runtime_t *rt = chi_test_init_yaml(4, yaml[v]);
+    static hold_t h;
     chi_method_t m = 0;
-    assert_status(CHI_OK, chi_register_handler(rt, "test.holds", holds_handler, NULL, &m));
+    assert_status(CHI_OK, chi_register_handler(rt, "test.hold", hold_handler, &h, &m));
     const long rounds = chi_test_scaled(100);
     for (long round = 0; round < rounds; round++) {
-      atomic_store(&holds_running, 0);
-      atomic_store(&holds_release, 0);
+      atomic_store(&h.running, 0);
+      atomic_store(&h.release, 0);
       enum { kHeld = 2, kQuick = 6 };
       chi_future_t held[kHeld], quick[kQuick];
       for (int i = 0; i < kHeld; i++) assert_status(CHI_OK, chi_submit(rt, CHI_ROUTE_CPU, m, NULL, 0, &held[i]));
       /* Odd rounds: the quick tasks come once both held ones run. */
       if (round % 2)
-        while (atomic_load(&holds_running) < kHeld) sched_yield();
+        while (atomic_load(&h.running) < kHeld) sched_yield();
       for (int i = 0; i < kQuick; i++) {
         const char c = (char)('a' + i);
         assert_status(CHI_OK, chi_submit(rt, CHI_ROUTE_CPU, CHI_METHOD_ECHO, &c, 1, &quick[i]));
@@ -610,7 +601,7 @@ static void test_spinners_leave_together(void **state) {
         if (s != CHI_OK && first_bad == CHI_OK) first_bad = s;
         if (s != CHI_OK) break;
       }
-      atomic_store(&holds_release, 1);
+      atomic_store(&h.release, 1);
       for (int i = 0; i < kHeld; i++) assert_status(CHI_OK, chi_wait(rt, held[i], -1, NULL, 0, NULL));
       assert_status(CHI_OK, first_bad);
     }
