@@ -29,13 +29,7 @@ SUMMARY=$OUT/summary.txt
 note() { echo "$*" | tee -a "$SUMMARY"; }
 trees=build-abtrees
 [ -f "$trees/base.tar.gz" ] || { note "no $trees/base.tar.gz: run 'scripts/gpu-route-ab.sh prepare REF' here first"; exit 1; }
-sysroot=${PKG_CONFIG_SYSROOT_DIR:-}
-# On the GPU machine the Debian libraries are unpacked under /opt/deps and their
-# .pc files name /usr: pkg-config must prefix them.
-if ! pkg-config --exists libzmq 2>/dev/null && [ -f scripts/gpu-deps.sh ] && [ -d .devdeps ]; then . scripts/gpu-deps.sh >/dev/null 2>&1; sysroot=/opt/deps; fi
-# A caller that sourced gpu-deps.sh already (gpu-pending.sh) leaves pkg-config
-# finding libzmq under /opt/deps: the prefix is needed all the same.
-case ":${PKG_CONFIG_PATH:-}:" in *:/opt/deps/*) sysroot=/opt/deps ;; esac
+. scripts/deps-sysroot.sh
 JOBS=${JOBS:-16}
 cfg() { # SRC BUILD
   local cuda=OFF

@@ -32,16 +32,11 @@ JOBS=${JOBS:-16}
 LOG=$OUT/trace.txt
 : >"$LOG"
 [ -f "$PATCH" ] || { echo "$0: no $PATCH" | tee -a "$LOG" >&2; exit 2; }
-sysroot=${PKG_CONFIG_SYSROOT_DIR:-}
-# On the GPU machine the Debian libraries are unpacked under /opt/deps.
-if ! pkg-config --exists libzmq 2>/dev/null && [ -d .devdeps ]; then
-  . scripts/gpu-deps.sh >/dev/null 2>&1
-  sysroot=/opt/deps
-fi
+. scripts/deps-sysroot.sh
 src=$(mktemp -d /tmp/chi-trace-src.XXXXXX)
 trap 'rm -rf "$src"' EXIT
 tar cf - --exclude='./build*' --exclude=./.devdeps --exclude=./.git . | tar xf - -C "$src"
-if ! (cd "$src" && patch -p1 -s <"$OLDPWD/$PATCH"); then
+if ! patch -d "$src" -p1 -s <"$PATCH"; then
   echo "$0: $PATCH does not apply to this tree (rebase it)" | tee -a "$LOG" >&2
   exit 2
 fi
