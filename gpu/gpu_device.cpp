@@ -36,6 +36,9 @@ constexpr int64_t kLeaseLookNs = 1000000;
 // ... and at most this long while it sleeps towards a lease's end (a wake-up
 // per lease is all an idle runtime should pay).
 constexpr int64_t kLeaseSleepLookNs = 100000000;
+// A parked GPU's lease thread looks at it this often even if no submit asks
+// (an ask wakes it at once).
+constexpr int64_t kParkedLookNs = 1000000000;
 // The bell thread looks for a new launch this often even if none is announced.
 constexpr int64_t kBellIdleNs = 100000000;
 // Shutdown waits this long for the bell thread, which waits in the driver
@@ -134,126 +137,25 @@ chi_status_t GpuDevice::allocate() {
   if (cudaError_t e = cudaStreamCreateWithFlags(&ctl_stream_, cudaStreamNonBlocking); e != cudaSuccess)
     return cuda_error(CHI_ERR_INTERNAL, id_, "creating a stream", e);
 
-  const uint64_t rec = CHI_DEV_LL_WORDS * sizeof(uint64_t);
-  const bool bufs = s.max_payload > CHI_DEV_LL_INLINE;
-  Carver hc;
-  size_t h2d_ring = hc.take(s.h2d_ring_entries * rec);
-  size_t h2d_done = hc.take(s.h2d_slots * rec);
-  size_t h2d_buf = bufs ? hc.take(s.h2d_slots * s.payload_stride) : 0;
-  size_t stop = hc.take(128);  // control staging, fault read-back; the lease words at +64
-  Carver dc;
-  D2hCarve d2h;
-  carve_d2h(s, hc, dc, &d2h);
-  if (cudaError_t e = cudaHostAlloc(reinterpret_cast<void **>(&pinned_), hc.size,
-                                    cudaHostAllocPortable | cudaHostAllocMapped);
-      e != cudaSuccess) {
-    pinned_ = nullptr;
-    return cuda_error(CHI_ERR_NOMEM, id_, "allocating pinned host memory", e);
-  }
-  std::memset(pinned_, 0, hc.size);
-  uint8_t *pdev = nullptr;
-  if (cudaError_t e = cudaHostGetDevicePointer(reinterpret_cast<void **>(&pdev), pinned_, 0);
-      e != cudaSuccess)
-    return cuda_error(CHI_ERR_INTERNAL, id_, "mapping pinned memory", e);
-  stop_src_ = reinterpret_cast<uint32_t *>(pinned_ + stop);
-  host_lease_ = reinterpret_cast<uint64_t *>(pinned_ + stop + 64);
-  diag_ = reinterpret_cast<uint64_t *>(pinned_ + d2h.diag);
   // With a lease, the bell thread waits on these in the driver: blocking
   // sync, so it sleeps until the GPU's interrupt instead of spinning.
   const unsigned ev_flags = cudaEventDisableTiming | (s.lease_ns ? cudaEventBlockingSync : 0u);
   for (cudaEvent_t *ev : {&ended_[0], &ended_[1]})
     if (cudaError_t e = cudaEventCreateWithFlags(ev, ev_flags); e != cudaSuccess)
       return cuda_error(CHI_ERR_INTERNAL, id_, "creating an event", e);
+  if (chi_status_t st = mem_.allocate(s, id_, ngpus_, kMaxMethods, ctl_stream_); st != CHI_OK) return st;
 
-  size_t state = dc.take(sizeof(chi_dev_orch_state_t));
-  size_t control = dc.take(64);
-  size_t next = dc.take(s.h2d_pollers * sizeof(uint64_t));
-  size_t dispatch = dc.take(kMaxMethods * sizeof(int32_t));
-  size_t scratch = dc.take(s.nwarps * 2 * s.payload_stride);
-  size_t d2d_slots = dc.take(s.dslots * (CHI_DEV_SLOT_HEADER + 2 * s.payload_stride));
-  size_t d2d_state = dc.take(s.dslots * sizeof(uint32_t));
-  size_t d2d_bitmap = dc.take(s.dslots / 8);
-  size_t d2d_bell = dc.take(s.dslots / 8);
-  size_t d2d_seen = dc.take(s.dslots / 8);
-  size_t warp_done = dc.take(s.nwarps * sizeof(uint64_t));
-  size_t gate = dc.take(128);
-  size_t stage = dc.take(CHI_DEV_MAX_REGIONS * sizeof(chi_dev_region_t));
-  if (cudaError_t e = cudaMalloc(reinterpret_cast<void **>(&dev_), dc.size); e != cudaSuccess) {
-    dev_ = nullptr;
-    return cuda_error(CHI_ERR_NOMEM, id_, "allocating device memory", e);
-  }
-  state_ = reinterpret_cast<chi_dev_orch_state_t *>(dev_ + state);
-  control_ = reinterpret_cast<uint32_t *>(dev_ + control);
-  dispatch_ = reinterpret_cast<int32_t *>(dev_ + dispatch);
-  region_stage_ = reinterpret_cast<chi_dev_region_t *>(dev_ + stage);
-
-  chi_dev_ctx_layout_t &l = layout_;
-  fill_d2h_layout(s, d2h, pdev, dev_, id_, ngpus_, &l);
-  l.d2d_slots = dev_ + d2d_slots;
-  l.d2d_state = reinterpret_cast<uint32_t *>(dev_ + d2d_state);
-  l.d2d_bitmap = reinterpret_cast<uint32_t *>(dev_ + d2d_bitmap);
-  l.d2d_bell = reinterpret_cast<uint32_t *>(dev_ + d2d_bell);
-  l.d2d_seen = reinterpret_cast<uint32_t *>(dev_ + d2d_seen);
-  l.gate = reinterpret_cast<uint64_t *>(dev_ + gate);
-  // As orchestrator_main splits its warps (d2d_workers in device_orchestrator.h).
-  l.d2d_workers = s.nwarps > s.h2d_pollers ? s.nwarps - s.h2d_pollers : 1;
-  l.d2d_first_worker = s.nwarps > s.h2d_pollers ? s.h2d_pollers : 0;
-
-  chi_dev_orch_state_t os;
-  std::memset(&os, 0, sizeof os);
-  // The orchestrator's copy (handlers get it as req->ctx) never waits for a slot.
-  chi_dev_ctx_layout_t orch_ctx = layout_;
-  orch_ctx.flags |= CHI_DEV_CTX_ORCHESTRATOR;
-  std::memcpy(&os.ctx, &orch_ctx, sizeof orch_ctx);
-  os.abi = CHI_DEV_ABI_VERSION;
-  os.nwarps = s.nwarps;
-  os.h2d_pollers = s.h2d_pollers;
-  os.h2d_slots = s.h2d_slots;
-  os.h2d_ring_entries = s.h2d_ring_entries;
-  os.ndispatch = kMaxMethods;
-  os.h2d_ring = reinterpret_cast<uint64_t *>(pdev + h2d_ring);
-  os.h2d_done = reinterpret_cast<uint64_t *>(pdev + h2d_done);
-  os.h2d_buf = bufs ? pdev + h2d_buf : nullptr;
-  os.control = control_;
-  os.h2d_next = reinterpret_cast<uint64_t *>(dev_ + next);
-  os.dispatch = dispatch_;
-  os.scratch = dev_ + scratch;
-  os.lease_ns = s.lease_ns;
-  os.host_lease = reinterpret_cast<const uint64_t *>(pdev + stop + 64);
-  os.warp_done = reinterpret_cast<uint64_t *>(dev_ + warp_done);
-
-  // Everything starts zero (no bell rung, none served, generation 0); no
-  // method has a user handler yet.
-  std::vector<int32_t> none(kMaxMethods, -1);
-  // Polling warp p serves tickets p, p + pollers, ...
-  std::vector<uint64_t> first(s.h2d_pollers);
-  for (uint32_t p = 0; p < s.h2d_pollers; ++p) first[p] = p;
-  cudaError_t e = cudaMemsetAsync(dev_, 0, dc.size, ctl_stream_);
-  if (e == cudaSuccess)
-    e = cudaMemcpyAsync(dispatch_, none.data(), none.size() * sizeof(int32_t),
-                        cudaMemcpyHostToDevice, ctl_stream_);
-  if (e == cudaSuccess)
-    e = cudaMemcpyAsync(os.h2d_next, first.data(), first.size() * sizeof(uint64_t),
-                        cudaMemcpyHostToDevice, ctl_stream_);
-  if (e == cudaSuccess)
-    e = cudaMemcpyAsync(state_, &os, sizeof os, cudaMemcpyHostToDevice, ctl_stream_);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(ctl_stream_);
-  if (e != cudaSuccess) return cuda_error(CHI_ERR_INTERNAL, id_, "initializing device memory", e);
-
-  exec_ = std::make_unique<H2dExecutor>(rt_, id_, s, reinterpret_cast<uint64_t *>(pinned_ + h2d_ring),
-                                        reinterpret_cast<uint64_t *>(pinned_ + h2d_done),
-                                        bufs ? pinned_ + h2d_buf : nullptr);
-  poller_ = std::make_unique<CpuPoller>(rt_, id_, s, reinterpret_cast<uint64_t *>(pinned_ + d2h.ring),
-                                        reinterpret_cast<uint64_t *>(pinned_ + d2h.reply),
-                                        bufs ? pinned_ + d2h.buf : nullptr, exec_.get());
+  exec_ = std::make_unique<H2dExecutor>(rt_, id_, s, mem_.h2d_ring, mem_.h2d_done, mem_.h2d_buf);
+  exec_->set_park_gate(&park_);
+  poller_ = std::make_unique<CpuPoller>(rt_, id_, s, mem_.d2h_ring, mem_.d2h_reply, mem_.d2h_buf, exec_.get());
   if (s.lease_ns && rt_.config().gpu.poller_bell_check_us)
-    poller_->set_bell(&host_lease_[2], int64_t(rt_.config().gpu.poller_bell_check_us) * 1000);
+    poller_->set_bell(&mem_.host_lease[2], int64_t(rt_.config().gpu.poller_bell_check_us) * 1000);
   log(LogLevel::kInfo,
       "GPU %d (CUDA device %d): orchestrator %u x %u threads, %u polling warps, lease %llu us%s; "
       "%u CPU->GPU slots, %u device slots, %u CPU pollers; %.1f MiB pinned, %.1f MiB device",
       id_, ordinal_, s.blocks, s.threads, s.h2d_pollers, (unsigned long long)(s.lease_ns / 1000),
       s.lease_ns ? "" : " (persistent)", s.h2d_slots, s.dslots, s.cpu_pollers,
-      hc.size / 1048576.0, dc.size / 1048576.0);
+      mem_.pinned_bytes / 1048576.0, mem_.dev_bytes / 1048576.0);
   return CHI_OK;
 }
 
@@ -262,6 +164,9 @@ chi_status_t GpuDevice::start() {
   if (chi_status_t s = allocate(); s != CHI_OK) return s;
   poller_->start();
   launcher_ = launch_builtin;
+  // Parking needs the lease: a persistent kernel never ends on its own.
+  keep_alive_ns_ = shape_.lease_ns ? uint64_t(rt_.config().gpu.keep_alive_us) * 1000 : 0;
+  park_.set_waker(wake_cb, this);
   if (chi_status_t s = launch_locked(); s != CHI_OK) return s;
   if (shape_.lease_ns) {
     bell_life_ = std::make_shared<BellLife>();
@@ -291,9 +196,9 @@ bool GpuDevice::wait_launch_end(uint64_t n, int64_t deadline, cudaError_t *err, 
     // up after two leases in it (gate_wait), as it may be held back by a
     // device-wide call that waits for the submitter's kernel.
     // The phase word alone: CHI_DIAG_LEASE_AT keeps when `phase` began.
-    __atomic_store_n(&diag_[CHI_DIAG_LEASE_PHASE], uint64_t(CHI_DIAG_PHASE_QUERY), __ATOMIC_SEQ_CST);
+    __atomic_store_n(&mem_.diag[CHI_DIAG_LEASE_PHASE], uint64_t(CHI_DIAG_PHASE_QUERY), __ATOMIC_SEQ_CST);
     *err = cudaEventQuery(ended_[n & 1]);
-    __atomic_store_n(&diag_[CHI_DIAG_LEASE_PHASE], phase, __ATOMIC_RELEASE);
+    __atomic_store_n(&mem_.diag[CHI_DIAG_LEASE_PHASE], phase, __ATOMIC_RELEASE);
     if (*err != cudaErrorNotReady) return true;
     if (lease_quit_.load(std::memory_order_relaxed)) return false;
     const int64_t left = deadline - now_ns();
@@ -338,7 +243,7 @@ void GpuDevice::bell_loop(std::shared_ptr<BellLife> life) {
       if (life->orphaned) return;
       continue;
     }
-    const uint64_t rung = __atomic_load_n(&diag_[CHI_DIAG_BELL], __ATOMIC_ACQUIRE);
+    const uint64_t rung = __atomic_load_n(&mem_.diag[CHI_DIAG_BELL], __ATOMIC_ACQUIRE);
     if (rung != 0 && rung != last_rung) {
       last_rung = rung;
       bell_rings_.fetch_add(1, std::memory_order_relaxed);
@@ -360,6 +265,17 @@ void GpuDevice::lease_loop() {
     lease_phase(CHI_DIAG_PHASE_IDLE, launches_.load());
     lease_cv_.wait(lock, [this] { return lease_quit_.load() || (running_ && !broken_); });
     if (lease_quit_.load()) return;
+    if (parked_) {
+      // No launch to queue: sleeps until a submit asks (the submitter may
+      // start the GPU itself, then this thread finds it unparked).
+      lease_phase(CHI_DIAG_PHASE_IDLE, launches_.load());
+      lock.unlock();
+      park_.sleep(kParkedLookNs);
+      lock.lock();
+      if (lease_quit_.load()) return;
+      if (parked_ && running_ && !broken_ && park_.wanted()) unpark_locked();
+      continue;
+    }
     // Launch n is the only one queued (the successor is queued only below,
     // and pause/resume/set_orchestrator launch on an idle stream).
     const uint64_t n = launches_.load() - 1;
@@ -387,7 +303,7 @@ void GpuDevice::lease_loop() {
     // as that one is queued; while it is not (a device-wide call in another
     // thread may hold this thread back in any CUDA call, or the holder of
     // mu_), it stays as long as kernels use the device routes.
-    __atomic_store_n(&host_lease_[1], n + 2, __ATOMIC_RELEASE);
+    __atomic_store_n(&mem_.host_lease[1], n + 2, __ATOMIC_RELEASE);
     lock.unlock();
     lease_phase(CHI_DIAG_PHASE_SLEEP, n);
     cudaError_t early;
@@ -404,6 +320,12 @@ void GpuDevice::lease_loop() {
     lock.lock();
     if (lease_quit_.load()) return;
     if (!running_ || broken_ || launches_.load() - 1 != n) continue;  // paused, or launched anew
+    if (park_due_locked()) {
+      // No successor: launch n's keeper ends it past its lease (stepping
+      // aside), and the GPU stays empty until a CPU->GPU task asks.
+      log(LogLevel::kDebug, "GPU %d: parked after launch %llu", id_, (unsigned long long)n);
+      continue;
+    }
     lease_phase(CHI_DIAG_PHASE_QUEUE, n);
     if (launch_locked(true) != CHI_OK) {
       fail_locked("queuing the orchestrator's next lease");
@@ -413,7 +335,7 @@ void GpuDevice::lease_loop() {
       const int64_t ahead = due - now_ns();
       ++lease_ahead_[ahead < 0 ? 0 : ahead < 50000 ? 1 : ahead < 100000 ? 2 : 3];
     }
-    __atomic_store_n(&host_lease_[1], n + 3, __ATOMIC_RELEASE);
+    __atomic_store_n(&mem_.host_lease[1], n + 3, __ATOMIC_RELEASE);
     lock.unlock();
     lease_phase(CHI_DIAG_PHASE_WAIT_END, n);
     // Wait for launch n to end (about when its lease does; later while
@@ -435,9 +357,63 @@ void GpuDevice::lease_loop() {
   }
 }
 
+bool GpuDevice::park_due_locked() {
+  if (!keep_alive_ns_ || held_awake_ || shut_ || !exec_) return false;
+  const int64_t now = now_ns();
+  const uint64_t tail = exec_->tail();
+  if (tail != quiet_tail_) {
+    quiet_tail_ = tail;
+    quiet_since_ = now;
+    return false;
+  }
+  if (now - quiet_since_ < int64_t(keep_alive_ns_)) return false;
+  // A task still running (a long handler) or unclaimed keeps the GPU: looks
+  // again a keep-alive later.
+  if (exec_->in_flight() != 0) {
+    quiet_since_ = now;
+    return false;
+  }
+  if (!park_.try_park(tail, [this] { return exec_->tail(); })) return false;
+  parked_ = true;
+  parks_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void GpuDevice::unpark_locked() {
+  if (!parked_) return;
+  parked_ = false;
+  park_.unpark();
+  quiet_tail_ = ~0ull;
+  lease_cv_.notify_all();
+  if (!running_ || broken_) return;
+  // The last launch ended (the usual case: the GPU parked a while ago): the
+  // next goes now, from this thread.  Still ending: the lease thread queues
+  // the next behind it, as after any lease.
+  DeviceGuard guard(ordinal_);
+  const uint64_t n = launches_.load() - 1;
+  if (cudaEventQuery(ended_[n & 1]) == cudaSuccess && launch_locked() != CHI_OK)
+    fail_locked("starting the parked orchestrator");
+}
+
+void GpuDevice::wake() {
+  // On the submitter that won the ask.  mu_ held elsewhere (a status read,
+  // a pause, the lease thread): the lease thread, woken by the ask, starts
+  // the GPU once it has the lock.
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (lock.owns_lock() && parked_ && park_.wanted()) unpark_locked();
+}
+
+void GpuDevice::hold_awake() {
+  std::lock_guard<std::mutex> lock(mu_);
+  held_awake_ = true;
+  unpark_locked();
+}
+
 void GpuDevice::fail_locked(const char *what) {
   broken_ = true;
   running_ = false;
+  parked_ = false;
+  park_.unpark();
   bell_live_locked();
   failure_ = what ? std::string("GPU ") + std::to_string(id_) + ": " + what + ": " + last_error()
                   : std::string(last_error());
@@ -463,42 +439,42 @@ void GpuDevice::fail_locked(const char *what) {
 // now when the stamp is not launch k's.
 int64_t GpuDevice::started_at(uint64_t k) {
   const int64_t now = now_ns();
-  if (__atomic_load_n(&diag_[CHI_DIAG_START_EPOCH], __ATOMIC_ACQUIRE) != k) {
+  if (__atomic_load_n(&mem_.diag[CHI_DIAG_START_EPOCH], __ATOMIC_ACQUIRE) != k) {
     ++start_unstamped_;
     return now;
   }
-  return start_clock_.start(now, int64_t(__atomic_load_n(&diag_[CHI_DIAG_START_AT], __ATOMIC_RELAXED)));
+  return start_clock_.start(now, int64_t(__atomic_load_n(&mem_.diag[CHI_DIAG_START_AT], __ATOMIC_RELAXED)));
 }
 
 void GpuDevice::lease_phase(uint64_t phase, uint64_t n) {
   timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  __atomic_store_n(&diag_[CHI_DIAG_LEASE_AT], uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec),
+  __atomic_store_n(&mem_.diag[CHI_DIAG_LEASE_AT], uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec),
                    __ATOMIC_RELAXED);
-  __atomic_store_n(&diag_[CHI_DIAG_LEASE_N], n, __ATOMIC_RELAXED);
-  __atomic_store_n(&diag_[CHI_DIAG_LEASE_PHASE], phase, __ATOMIC_RELEASE);
+  __atomic_store_n(&mem_.diag[CHI_DIAG_LEASE_N], n, __ATOMIC_RELAXED);
+  __atomic_store_n(&mem_.diag[CHI_DIAG_LEASE_PHASE], phase, __ATOMIC_RELEASE);
 }
 
 void GpuDevice::context(chi_dev_context_t *ctx) const {
   std::memset(ctx, 0, sizeof *ctx);
-  std::memcpy(ctx, &layout_, sizeof layout_);
+  std::memcpy(ctx, &mem_.layout, sizeof mem_.layout);
 }
 
 chi_status_t GpuDevice::write_stop(uint32_t value) {
   DeviceGuard guard(ordinal_);
-  stop_src_[0] = value;
-  stop_src_[1] = 0;  // the fault word
-  stop_src_[2] = stop_src_[3] = 0;
+  mem_.stop_src[0] = value;
+  mem_.stop_src[1] = 0;  // the fault word
+  mem_.stop_src[2] = mem_.stop_src[3] = 0;
   // Clearing the flag precedes a launch on an idle stream: the arrival
   // counter then restarts at that launch's index (a kernel of another ABI
   // never arrived), so the lease epochs stay the launch indices.
   const uint64_t arrivals = launches_.load() * shape_.nwarps;
-  std::memcpy(stop_src_ + 4, &arrivals, sizeof arrivals);
+  std::memcpy(mem_.stop_src + 4, &arrivals, sizeof arrivals);
   // The last lease over, and the exit counter (control[10..11], counted
   // from 0 in whole launches: orchestrator_main's exit_barrier).
-  for (int i = 6; i < 12; ++i) stop_src_[i] = 0;
+  for (int i = 6; i < 12; ++i) mem_.stop_src[i] = 0;
   const size_t bytes = value == 0 ? 12 * sizeof(uint32_t) : 2 * sizeof(uint32_t);
-  cudaError_t e = cudaMemcpyAsync(control_, stop_src_, bytes, cudaMemcpyHostToDevice, ctl_stream_);
+  cudaError_t e = cudaMemcpyAsync(mem_.control, mem_.stop_src, bytes, cudaMemcpyHostToDevice, ctl_stream_);
   if (e == cudaSuccess) e = cudaStreamSynchronize(ctl_stream_);
   if (e != cudaSuccess) {
     broken_ = true;
@@ -512,7 +488,7 @@ chi_status_t GpuDevice::launch_locked(bool behind) {
   const uint64_t index = launches_.load();
   // Its lease, read by its keeper at its start (launch n, running, read its own).
   const uint64_t lease = next_lease();
-  __atomic_store_n(&host_lease_[3], lease, __ATOMIC_RELEASE);
+  __atomic_store_n(&mem_.host_lease[3], lease, __ATOMIC_RELEASE);
   lease_of_[index & 1] = lease;
   chi_gpu_launch_t l;
   l.struct_size = sizeof l;
@@ -520,7 +496,7 @@ chi_status_t GpuDevice::launch_locked(bool behind) {
   l.stream = orch_stream_;
   l.blocks = shape_.blocks;
   l.threads_per_block = shape_.threads;
-  l.state = state_;
+  l.state = mem_.state;
   chi_status_t s = launcher_(&l);
   if (s != CHI_OK) {
     cudaError_t e = cudaGetLastError();
@@ -531,7 +507,7 @@ chi_status_t GpuDevice::launch_locked(bool behind) {
   cudaError_t e = cudaEventRecord(ended_[index & 1], orch_stream_);
   running_ = true;
   launches_.store(index + 1);
-  __atomic_store_n(&host_lease_[0], index + 1, __ATOMIC_RELEASE);
+  __atomic_store_n(&mem_.host_lease[0], index + 1, __ATOMIC_RELEASE);
   if (!behind) launched_at_ = now_ns();
   lease_cv_.notify_all();
   launch_seq_.fetch_add(1, std::memory_order_seq_cst);
@@ -565,6 +541,8 @@ chi_status_t GpuDevice::pause_locked() {
     sleep_ns(nap);
   }
   running_ = false;
+  parked_ = false;
+  park_.unpark();  // tasks queued while paused wait for resume
   bell_live_locked();
   return CHI_OK;
 }
@@ -582,10 +560,11 @@ chi_status_t GpuDevice::pause() {
   return pause_locked();
 }
 
-const char *GpuDevice::orchestrator_state(uint64_t *launches) {
+const char *GpuDevice::orchestrator_state(uint64_t *launches, uint64_t *parks) {
   std::lock_guard<std::mutex> lock(mu_);
   *launches = launches_.load();
-  return shut_ ? "stopped" : broken_ ? "failed" : running_ ? "running" : "paused";
+  if (parks) *parks = parks_.load(std::memory_order_relaxed);
+  return shut_ ? "stopped" : broken_ ? "failed" : !running_ ? "paused" : parked_ ? "parked" : "running";
 }
 
 chi_status_t GpuDevice::pause_if_running(bool *was_running) {
@@ -611,7 +590,7 @@ chi_status_t GpuDevice::set_orchestrator(chi_gpu_launch_fn launch,
   const bool was_running = running_;
   if (chi_status_t s = pause_locked(); s != CHI_OK) return s;
   DeviceGuard guard(ordinal_);
-  cudaError_t e = cudaMemcpyAsync(dispatch_, dispatch.data(), dispatch.size() * sizeof(int32_t),
+  cudaError_t e = cudaMemcpyAsync(mem_.dispatch, dispatch.data(), dispatch.size() * sizeof(int32_t),
                                   cudaMemcpyHostToDevice, ctl_stream_);
   if (e == cudaSuccess) e = cudaStreamSynchronize(ctl_stream_);
   if (e != cudaSuccess) return cuda_error(CHI_ERR_INTERNAL, id_, "uploading the dispatch table", e);
@@ -626,10 +605,10 @@ chi_status_t GpuDevice::set_orchestrator(chi_gpu_launch_fn launch,
     // within this time because its lease did leaves it clear.
     sleep_ns(2000000);
     uint32_t fault = 0;
-    e = cudaMemcpyAsync(stop_src_ + 8, control_ + 1, sizeof fault, cudaMemcpyDefault, ctl_stream_);
+    e = cudaMemcpyAsync(mem_.stop_src + 8, mem_.control + 1, sizeof fault, cudaMemcpyDefault, ctl_stream_);
     if (e == cudaSuccess) e = cudaStreamSynchronize(ctl_stream_);
     if (e != cudaSuccess) return cuda_error(CHI_ERR_INTERNAL, id_, "reading the fault word", e);
-    fault = stop_src_[8];
+    fault = mem_.stop_src[8];
     if (fault == 0) return CHI_OK;
     (void)pause_locked();  // it has exited: waits for the stream
     s = set_error(CHI_ERR_INTERNAL, "GPU %d: user orchestrator exited at once (fault %u%s)", id_,
@@ -681,9 +660,9 @@ chi_status_t GpuDevice::upload_regions(const std::vector<Region> &snapshot) {
   DeviceGuard guard(ordinal_);
   cudaError_t e = cudaSuccess;
   if (n)
-    e = cudaMemcpyAsync(region_stage_, staged.data(), n * sizeof(chi_dev_region_t),
+    e = cudaMemcpyAsync(mem_.region_stage, staged.data(), n * sizeof(chi_dev_region_t),
                         cudaMemcpyHostToDevice, ctl_stream_);
-  if (e == cudaSuccess) e = launch_region_update(layout_.regions, region_stage_, n, region_count_, ctl_stream_);
+  if (e == cudaSuccess) e = launch_region_update(mem_.layout.regions, mem_.region_stage, n, region_count_, ctl_stream_);
   if (e == cudaSuccess) e = cudaStreamSynchronize(ctl_stream_);
   if (e != cudaSuccess) return cuda_error(CHI_ERR_INTERNAL, id_, "updating the region table", e);
   region_count_ = n;
@@ -693,13 +672,13 @@ chi_status_t GpuDevice::upload_regions(const std::vector<Region> &snapshot) {
 void GpuDevice::device_slots(uint64_t *in_use, uint64_t *total) {
   std::lock_guard<std::mutex> lock(mu_);
   *total += 2ull * shape_.dslots;
-  if (shut_ || broken_ || !dev_) return;
+  if (shut_ || broken_ || !mem_.dev) return;
   const size_t words = shape_.dslots / 32;
   std::vector<uint32_t> bits(2 * words);
   DeviceGuard guard(ordinal_);
-  cudaError_t e = cudaMemcpyAsync(bits.data(), layout_.d2d_bitmap, words * 4, cudaMemcpyDefault, ctl_stream_);
+  cudaError_t e = cudaMemcpyAsync(bits.data(), mem_.layout.d2d_bitmap, words * 4, cudaMemcpyDefault, ctl_stream_);
   if (e == cudaSuccess)
-    e = cudaMemcpyAsync(bits.data() + words, layout_.d2h_bitmap, words * 4, cudaMemcpyDefault, ctl_stream_);
+    e = cudaMemcpyAsync(bits.data() + words, mem_.layout.d2h_bitmap, words * 4, cudaMemcpyDefault, ctl_stream_);
   if (e == cudaSuccess) e = cudaStreamSynchronize(ctl_stream_);
   if (e != cudaSuccess) {
     log(LogLevel::kWarn, "GPU %d: reading the device slot bitmaps: %s", id_, cudaGetErrorString(e));
@@ -720,6 +699,7 @@ chi_status_t GpuDevice::shutdown() {
     const int64_t t0 = now_ns();
     uint32_t left;
     while (running_ && (left = exec_->in_flight()) != 0) {
+      unpark_locked();  // a task asked and its start is still to come
       if (now_ns() - t0 > kDrainTimeoutNs) {
         log(LogLevel::kWarn, "GPU %d: %u CPU->GPU task(s) unfinished at shutdown", id_, left);
         break;
@@ -749,6 +729,7 @@ chi_status_t GpuDevice::shutdown() {
       (unsigned long long)bell_rings_.load(), (unsigned long long)(poller_ ? poller_->bell_kicks() : 0));
   lease_quit_.store(true);
   lease_cv_.notify_all();
+  park_.nudge();
   launch_seq_.fetch_add(1, std::memory_order_seq_cst);
   futex_wake(&launch_seq_);
   end_seq_.fetch_add(1, std::memory_order_seq_cst);
@@ -778,15 +759,12 @@ chi_status_t GpuDevice::shutdown() {
 
 void GpuDevice::release_memory() {
   DeviceGuard guard(ordinal_);
-  if (dev_) (void)cudaFree(dev_);
-  if (pinned_) (void)cudaFreeHost(pinned_);
+  mem_.release();
   for (cudaEvent_t &ev : ended_)
     if (ev) (void)cudaEventDestroy(ev);
   ended_[0] = ended_[1] = nullptr;
   if (orch_stream_) (void)cudaStreamDestroy(orch_stream_);
   if (ctl_stream_) (void)cudaStreamDestroy(ctl_stream_);
-  dev_ = nullptr;
-  pinned_ = nullptr;
   orch_stream_ = ctl_stream_ = nullptr;
   (void)cudaGetLastError();
 }

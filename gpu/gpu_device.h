@@ -1,6 +1,8 @@
-// One GPU: its memory (pinned host and device), the orchestrator kernel and
-// its launch/pause/resume, the lease thread that relaunches the kernel when
-// its lease ends, the CPU->GPU executor and the GPU->CPU pollers.
+// One GPU's orchestrator: its launch/pause/resume, the lease thread that
+// relaunches the kernel when its lease ends, parking (no kernel while the
+// GPU's routes are idle: the state machine below, the handshake in
+// core/park_gate.h), the bell thread, the CPU->GPU executor and the GPU->CPU
+// pollers.  Its memory is gpu/device_memory.h.
 #pragma once
 
 #include <atomic>
@@ -14,8 +16,10 @@
 #include "chimaera_device.h"
 #include "core/lease_clock.h"
 #include "core/memory_regions.h"
+#include "core/park_gate.h"
 #include "gpu/cpu_poller.h"
 #include "gpu/cuda_api.h"
+#include "gpu/device_memory.h"
 #include "gpu/h2d_executor.h"
 #include "gpu/shape.h"
 
@@ -62,8 +66,12 @@ class GpuDevice {
   chi_status_t pause_if_running(bool *was_running);
   int32_t id() const { return id_; }
   int ordinal() const { return ordinal_; }
-  // "running", "paused", "failed" or "stopped"; *launches: launches so far.
-  const char *orchestrator_state(uint64_t *launches);
+  // "running", "parked", "paused", "failed" or "stopped"; *launches:
+  // launches so far; *parks (may be NULL): times it parked.
+  const char *orchestrator_state(uint64_t *launches, uint64_t *parks = nullptr);
+  // A device context of this GPU was handed out (chi_gpu_context): kernels
+  // may submit to its device routes at any time, so it never parks again.
+  void hold_awake();
   // Pauses, installs the method-id -> dispatch-index table, relaunches with `launch`.
   chi_status_t set_orchestrator(chi_gpu_launch_fn launch, const std::vector<int32_t> &dispatch);
   chi_status_t check_pointer(const void *ptr, size_t size);
@@ -76,6 +84,18 @@ class GpuDevice {
 
  private:
   chi_status_t allocate();
+  // Parking (docs/gpu.md, "Parked GPUs").  States, all under mu_:
+  //   running_ && !parked_: launched lease after lease (the lease thread);
+  //   running_ && parked_: no launch queued and none until a CPU->GPU
+  //     submit asks through park_ (the last launch may still be ending);
+  //   !running_: paused, failed or shut down (parked_ is false).
+  // The lease thread parks (park_due_locked) when it would queue a
+  // successor; unpark_locked starts the GPU again, from the submitter that
+  // won the ask (wake, when mu_ is free) or from the lease thread.
+  bool park_due_locked();
+  void unpark_locked();
+  void wake();
+  static void wake_cb(void *self) { static_cast<GpuDevice *>(self)->wake(); }
   // behind: queued behind the running launch (the lease thread's successor).
   chi_status_t launch_locked(bool behind = false);
   chi_status_t pause_locked();
@@ -116,17 +136,8 @@ class GpuDevice {
   Shape shape_;
   cudaStream_t orch_stream_ = nullptr;  // the orchestrator's, non-blocking
   cudaStream_t ctl_stream_ = nullptr;   // control writes and uploads, non-blocking
-  uint8_t *pinned_ = nullptr;
-  uint8_t *dev_ = nullptr;
-  uint32_t *stop_src_ = nullptr;  // pinned source of the stop-flag copies
-  uint64_t *host_lease_ = nullptr;  // pinned, read by the kernel: launches queued, launch being queued
-  uint64_t *diag_ = nullptr;        // pinned, CHI_DEV_DIAG_WORDS (chimaera/device_layout.h)
+  DeviceMemory mem_;
   cudaEvent_t ended_[2] = {nullptr, nullptr};  // recorded after launch i into ended_[i & 1]
-  chi_dev_ctx_layout_t layout_{};
-  chi_dev_orch_state_t *state_ = nullptr;  // device
-  uint32_t *control_ = nullptr;            // device
-  int32_t *dispatch_ = nullptr;            // device
-  chi_dev_region_t *region_stage_ = nullptr;
   std::unique_ptr<H2dExecutor> exec_;
   std::unique_ptr<CpuPoller> poller_;
   std::mutex mu_;  // serializes pause/resume/set_orchestrator/regions/shutdown and every launch
@@ -155,6 +166,13 @@ class GpuDevice {
   bool shut_ = false;
   bool kernel_gone_ = true;  // false: the kernel would not stop, so its memory stays
   chi_gpu_launch_fn launcher_ = nullptr;
+  ParkGate park_;
+  uint64_t keep_alive_ns_ = 0;  // gpu.keep_alive_us (0: never parks)
+  bool parked_ = false;
+  bool held_awake_ = false;     // hold_awake() was called
+  uint64_t quiet_tail_ = ~0ull;  // the CPU->GPU tail the lease thread last saw...
+  int64_t quiet_since_ = 0;      // ... and since when (now_ns)
+  std::atomic<uint64_t> parks_{0};
   uint32_t region_count_ = 0;
 };
 

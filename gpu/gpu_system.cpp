@@ -43,6 +43,9 @@ class DeviceGpuSystem final : public GpuSystem {
 
   chi_status_t context(int32_t gpu, chi_dev_context_t *ctx) override {
     if (!ctx) return set_error(CHI_ERR_INVALID, "ctx is NULL");
+    // Kernels may now submit to this GPU's device routes at any time: it
+    // stops parking (docs/gpu.md, "Parked GPUs").
+    devs_[gpu]->hold_awake();
     devs_[gpu]->context(ctx);
     return CHI_OK;
   }
@@ -54,8 +57,8 @@ class DeviceGpuSystem final : public GpuSystem {
     return each(gpu, [](GpuDevice &d) { return d.resume(); });
   }
 
-  const char *orchestrator_state(int32_t gpu, uint64_t *launches) override {
-    return devs_[gpu]->orchestrator_state(launches);
+  const char *orchestrator_state(int32_t gpu, uint64_t *launches, uint64_t *parks) override {
+    return devs_[gpu]->orchestrator_state(launches, parks);
   }
 
   chi_status_t pause_running(std::vector<int32_t> *paused) override {

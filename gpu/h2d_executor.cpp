@@ -155,7 +155,8 @@ chi_status_t H2dExecutor::submit(chi_method_t method, const void *input, size_t 
 
   // The slot is taken before the ticket: with at most h2d_slots tasks queued,
   // an entry is never rewritten before its polling warp has read it.
-  uint64_t t = tail_.fetch_add(1, std::memory_order_relaxed);
+  // seq_cst: ordered before the look at the park gate below (park_gate.h).
+  uint64_t t = tail_.fetch_add(1, std::memory_order_seq_cst);
   uint64_t *e = ring_ + (t & (shape_.h2d_ring_entries - 1)) * CHI_DEV_LL_WORDS;
   const uint32_t flag = uint32_t(t) + 1;
   if (size <= CHI_DEV_LL_INLINE) ll_put_payload(e, input, size, flag);
@@ -163,6 +164,7 @@ chi_status_t H2dExecutor::submit(chi_method_t method, const void *input, size_t 
   ll_store(e + 2, ll_pack(slot, flag));
   ll_store(e + 1, ll_pack(size, flag));
   ll_store(e + 0, ll_pack(method, flag));
+  if (park_) park_->after_submit();  // a parked GPU starts for this task
   *slot_out = slot;
   *gen_out = gen;
   return CHI_OK;

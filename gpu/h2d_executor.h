@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/executor.h"
+#include "core/park_gate.h"
 #include "core/sharded_free_stack.h"
 #include "gpu/shape.h"
 
@@ -34,6 +35,11 @@ class H2dExecutor final : public Executor {
 
   // Recycles released slots whose task has finished.
   void reap();
+  // Before any submit: every submit tells `gate` after its entry (parking,
+  // core/park_gate.h).
+  void set_park_gate(ParkGate *gate) { park_ = gate; }
+  // Tickets taken so far (seq_cst: the parker's side of the handshake).
+  uint64_t tail() const { return tail_.load(std::memory_order_seq_cst); }
   // Tasks submitted and not finished yet (released ones included).
   uint32_t in_flight() const;
   // Refuses new tasks from now on (CHI_ERR_SHUTDOWN).
@@ -65,6 +71,7 @@ class H2dExecutor final : public Executor {
   // that every submitter moved (H100, 8 submitting threads, docs/performance.md).
   static constexpr uint32_t kFreeShards = 16;
   ShardedFreeStack free_;
+  ParkGate *park_ = nullptr;
   alignas(64) std::atomic<uint64_t> tail_{0};
   alignas(64) std::atomic<bool> open_{true};
   std::atomic<bool> stopped_{false};

@@ -436,6 +436,10 @@ typedef struct chi_stats {
   uint64_t device_slots_total;  /* 2 x gpu.device_slots x GPUs */
   uint64_t tasks_cancelled;     /* client tasks dropped unstarted because their client
                                    disconnected (also counted failed in routes[CHI_STATS_CLIENT]) */
+  uint64_t gpus_parked;   /* bit g set: GPU g (< 64) is parked: idle, no chimaera kernel
+                             resident until its next CPU->GPU task (gpu.keep_alive_us) */
+  uint64_t gpu_launches;  /* orchestrator kernel launches so far, every GPU */
+  uint64_t gpu_parks;     /* times a GPU parked, every GPU */
 } chi_stats_t;
 
 /* Reads the runtime's counters.  In client mode they are the server's (one

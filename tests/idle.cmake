@@ -9,3 +9,7 @@ target_include_directories(test_poll_claims PRIVATE ${PROJECT_SOURCE_DIR}/src)
 # The lease thread's clock offset (src/core/lease_clock.h), simulated clocks.
 chi_add_test(test_lease_clock SOURCES test_lease_clock.cpp TIMEOUT 60 LABELS core)
 target_include_directories(test_lease_clock PRIVATE ${PROJECT_SOURCE_DIR}/src)
+# Parking an idle GPU (src/core/park_gate.h): submitters against a parker,
+# every ticket served.
+chi_add_test(test_park_gate SOURCES test_park_gate.cpp TIMEOUT 120 LABELS core)
+target_include_directories(test_park_gate PRIVATE ${PROJECT_SOURCE_DIR}/src)

@@ -1,5 +1,6 @@
 #include "client/client.h"
 
+#include <cstddef>
 #include <cstring>
 #include <thread>
 
@@ -160,7 +161,10 @@ chi_status_t Client::stats(chi_stats_t *out) {
   chi_stats_t st;
   uint32_t n = 0;
   if (chi_status_t s = control(ipc::Op::kStats, 0, nullptr, 0, &st, sizeof st, &n); s != CHI_OK) return s;
-  if (n < sizeof st) return set_error(CHI_ERR_PROTOCOL, "%s sent short statistics", address_.c_str());
+  // A server of an earlier minor version sends the fields it has.
+  if (n < offsetof(chi_stats_t, gpus_parked))
+    return set_error(CHI_ERR_PROTOCOL, "%s sent short statistics", address_.c_str());
+  if (n < sizeof st) std::memset(reinterpret_cast<char *>(&st) + n, 0, sizeof st - n);
   size_t keep = std::min(out->struct_size, sizeof st);
   st.struct_size = out->struct_size;
   std::memcpy(out, &st, keep);

@@ -31,10 +31,12 @@ class GpuSystem {
   // first CUDA call after dlopen of a library with device code waits for it
   // (the library's module load), i.e. forever for a persistent kernel.
   virtual chi_status_t pause_running(std::vector<int32_t> *paused) = 0;
-  // The orchestrator of GPU `gpu` as it is now: "running", "paused",
-  // "failed" (a launch or the kernel failed; GPU routes answer errors) or
-  // "stopped" (shut down); *launches: kernel launches so far (leases).
-  virtual const char *orchestrator_state(int32_t gpu, uint64_t *launches) = 0;
+  // The orchestrator of GPU `gpu` as it is now: "running", "parked" (idle:
+  // no kernel resident until the next CPU->GPU task), "paused", "failed" (a
+  // launch or the kernel failed; GPU routes answer errors) or "stopped"
+  // (shut down); *launches: kernel launches so far (leases); *parks: times
+  // it parked.
+  virtual const char *orchestrator_state(int32_t gpu, uint64_t *launches, uint64_t *parks) = 0;
   // CHI_OK when [ptr, ptr + size) is device memory of GPU `gpu`, else CHI_ERR_INVALID.
   virtual chi_status_t check_device_pointer(int32_t gpu, const void *ptr, size_t size) = 0;
   // The region table changed (Runtime::regions); make device code see the new one.

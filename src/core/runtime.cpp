@@ -87,7 +87,16 @@ void Runtime::read_stats(chi_stats_t *out) {
     out->slots_in_use = cpu_->slots_in_use();
     out->slots_total = cpu_->slot_count();
   }
-  if (gpu_) gpu_->device_slots(&out->device_slots_in_use, &out->device_slots_total);
+  if (gpu_) {
+    gpu_->device_slots(&out->device_slots_in_use, &out->device_slots_total);
+    for (int32_t g = 0; g < gpu_->count(); ++g) {
+      uint64_t launches = 0, parks = 0;
+      const char *state = gpu_->orchestrator_state(g, &launches, &parks);
+      if (g < 64 && std::strcmp(state, "parked") == 0) out->gpus_parked |= uint64_t(1) << g;
+      out->gpu_launches += launches;
+      out->gpu_parks += parks;
+    }
+  }
 }
 
 Executor *Runtime::pool(uint32_t pool) {

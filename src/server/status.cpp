@@ -28,14 +28,14 @@ std::string status_text(Service &service, bool json) {
   std::string orch_json, orch_text;
   const int32_t ngpus = rt.gpu() ? rt.gpu()->count() : 0;
   for (int32_t g = 0; g < ngpus; ++g) {
-    uint64_t launches = 0;
-    const char *state = rt.gpu()->orchestrator_state(g, &launches);
-    char one[160];
-    snprintf(one, sizeof one, "%s{\"gpu\":%d,\"state\":\"%s\",\"launches\":%llu}", g ? "," : "", int(g),
-             state, (unsigned long long)launches);
+    uint64_t launches = 0, parks = 0;
+    const char *state = rt.gpu()->orchestrator_state(g, &launches, &parks);
+    char one[192];
+    snprintf(one, sizeof one, "%s{\"gpu\":%d,\"state\":\"%s\",\"launches\":%llu,\"parks\":%llu}", g ? "," : "",
+             int(g), state, (unsigned long long)launches, (unsigned long long)parks);
     orch_json += one;
-    snprintf(one, sizeof one, "%sGPU %d %s, %llu launch(es)", g ? "; " : "", int(g), state,
-             (unsigned long long)launches);
+    snprintf(one, sizeof one, "%sGPU %d %s, %llu launch(es), parked %llu time(s)", g ? "; " : "", int(g), state,
+             (unsigned long long)launches, (unsigned long long)parks);
     orch_text += one;
   }
   if (orch_text.empty()) orch_text = "none";

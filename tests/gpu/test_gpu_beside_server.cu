@@ -1,13 +1,17 @@
 /*
- * An ordinary CUDA program beside a busy chimaera-server on the same GPU
- * (docs/server.md, "GPUs shared by processes"), without MPS and, where
- * nvidia-cuda-mps-control exists, with the MPS control daemon started first
- * in a private pipe directory (scripts/mps.sh):
+ * An ordinary CUDA program beside chimaera on the same GPU (docs/server.md,
+ * "GPUs shared by processes").  First while chimaera is idle, without MPS:
+ * alone, beside an idle chimaera-server whose GPUs parked, and beside an
+ * idle embedded runtime that parked (docs/gpu.md, "Parked GPUs"); then
+ * beside a busy server, without MPS and, where nvidia-cuda-mps-control
+ * exists, with the MPS control daemon started first in a private pipe
+ * directory (scripts/mps.sh):
  *   - a chimaera-server with default settings (its leased orchestrator);
  *   - a client process that keeps CPU->GPU echo tasks flowing through it;
  *   - the neighbour: a process with its own CUDA context and no chimaera,
- *     which times cudaMalloc, a kernel launch + sync, cudaFree and
- *     cudaDeviceSynchronize 200 times each and checks every kernel's result.
+ *     which times cudaMalloc, a kernel launch + sync, cudaFree,
+ *     cudaDeviceSynchronize and a grid-filling FMA kernel of about 0.4 ms
+ *     200 times each and checks every kernel's result.
  * The neighbour's rows are printed ("# ..."), never asserted: what is tested
  * is that every call returns, every result is right, and the client's tasks
  * are all right.  Exit 77 without a usable GPU.  One program in three roles
@@ -37,6 +41,15 @@
 static volatile sig_atomic_t g_stop;
 static void on_term(int) { g_stop = 1; }
 
+/* About 0.4 ms of FMAs on an H200 when it fills the GPU. */
+__global__ void k_fma(float *p, int n, int iters) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float a = p[i], b = 1.0001f;
+  for (int k = 0; k < iters; ++k) a = a * b + 0.5f;
+  p[i] = a;
+}
+
 __global__ void k_touch(float *p, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) p[i] = p[i] * 2.0f + 1.0f;
@@ -59,7 +72,9 @@ static int neighbour(const char *mode) {
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return 77;
   const int N = 1 << 18, rounds = 200;
   std::vector<float> host(N), back(N);
-  std::vector<double> mal, launch, fr, sync;
+  std::vector<double> mal, launch, fr, sync, fma;
+  cudaEvent_t e0, e1;
+  if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) return 1;
   for (int r = 0; r < rounds; ++r) {
     for (int i = 0; i < N; ++i) host[i] = float(i % 1000) + float(r);
     float *p = nullptr;
@@ -77,6 +92,13 @@ static int neighbour(const char *mode) {
         fprintf(stderr, "neighbour: round %d word %d is %f\n", r, i, back[i]);
         return 1;
       }
+    /* The FMA kernel's own time, from events around it. */
+    if (cudaEventRecord(e0, 0) != cudaSuccess) return 1;
+    k_fma<<<N / 256, 256>>>(p, N, 2048);
+    if (cudaEventRecord(e1, 0) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess) return 1;
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) return 1;
+    fma.push_back(ms * 1000.0);
     t = std::chrono::steady_clock::now();
     if (cudaFree(p) != cudaSuccess) return 1;
     fr.push_back(us_since(t));
@@ -88,6 +110,7 @@ static int neighbour(const char *mode) {
   row(mode, "kernel launch + sync", launch);
   row(mode, "cudaFree", fr);
   row(mode, "cudaDeviceSynchronize", sync);
+  row(mode, "FMA kernel (events)", fma);
   return 0;
 }
 
@@ -120,6 +143,32 @@ static int load(const char *address) {
   return bad == 0 && ok > 0 ? 0 : 1;
 }
 
+/* An idle embedded runtime: chi_init with defaults, one CPU->GPU task, then
+ * nothing until SIGTERM.  Prints whether its GPUs parked. */
+static int idle_embedded(void) {
+  signal(SIGTERM, on_term);
+  chi_runtime_t *rt = NULL;
+  if (chi_init(NULL, &rt) != CHI_OK) {
+    fprintf(stderr, "idle: chi_init: %s\n", chi_last_error_message());
+    return 1;
+  }
+  uint8_t in[8] = {1}, out[8];
+  chi_future_t f;
+  size_t n = 0;
+  chi_status_t s = chi_submit(rt, 0, CHI_METHOD_ECHO, in, sizeof in, &f);
+  if (s == CHI_OK) s = chi_wait(rt, f, 10000000000ll, out, sizeof out, &n);
+  if (s != CHI_OK) fprintf(stderr, "idle: task: %s\n", chi_last_error_message());
+  while (!g_stop) pause();
+  chi_stats_t st;
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  chi_stats(rt, &st);
+  printf("# idle embedded: parked mask %llx, %llu launches, %llu parks\n", (unsigned long long)st.gpus_parked,
+         (unsigned long long)st.gpu_launches, (unsigned long long)st.gpu_parks);
+  chi_finalize(rt);
+  return s == CHI_OK ? 0 : 1;
+}
+
 static pid_t spawn(const std::vector<std::string> &args, const char *log) { return chi_test_spawn(args, log); }
 
 static int wait_status(pid_t pid) {
@@ -132,6 +181,48 @@ static int wait_status(pid_t pid) {
 static void sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
   nanosleep(&ts, NULL);
+}
+
+/* chimaera idle beside the neighbour, no MPS: alone first, then beside an
+ * idle server (after its GPUs parked) and an idle embedded runtime.  The
+ * rows are printed; a failed call or wrong result fails.  0, 77 or 1. */
+static int idle_rounds(const std::string &self) {
+  pid_t nb = spawn({self, "neighbour", "alone"}, nullptr);
+  int rc = wait_status(nb);
+  if (rc) return rc;
+  char address[96], log[128];
+  snprintf(address, sizeof address, "shm://chi-beside-%d-idle", (int)getpid());
+  snprintf(log, sizeof log, "/tmp/chi-beside-%d-idle.log", (int)getpid());
+  pid_t srv = spawn({CHI_SERVER_PATH, "--listen", address}, log);
+  char reply[8192];
+  size_t len = 0;
+  bool parked = false;
+  for (int i = 0; i < 600 && !parked; ++i) {
+    parked = chi_server_query(address, "status-json", reply, sizeof reply, &len) == CHI_OK &&
+             (strstr(reply, "\"state\":\"parked\"") || strstr(reply, "\"gpus\":0"));
+    if (!parked) sleep_ms(50);
+  }
+  if (!parked) {
+    fprintf(stderr, "idle server: its GPUs did not park (log %s): %s\n", log, reply);
+    kill(srv, SIGKILL);
+    wait_status(srv);
+    return 1;
+  }
+  nb = spawn({self, "neighbour", "idle-srv"}, nullptr);
+  rc = wait_status(nb);
+  chi_server_query(address, "status", reply, sizeof reply, &len);
+  printf("# idle server after the neighbour: %.*s\n", (int)len, reply);
+  kill(srv, SIGTERM);
+  if (wait_status(srv) != 0 && rc == 0) rc = 1;
+  if (rc) return rc;
+  unlink(log);
+  pid_t emb = spawn({self, "idle"}, nullptr);
+  sleep_ms(3000); /* started, one task, parked after gpu.keep_alive_us */
+  nb = spawn({self, "neighbour", "idle-emb"}, nullptr);
+  rc = wait_status(nb);
+  kill(emb, SIGTERM);
+  if (wait_status(emb) != 0 && rc == 0) rc = 1;
+  return rc;
 }
 
 /* One round: server, load, neighbour; 0 all right, 77 no GPU, else failed. */
@@ -206,11 +297,14 @@ int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
   if (argc >= 3 && !strcmp(argv[1], "neighbour")) return neighbour(argv[2]);
   if (argc >= 3 && !strcmp(argv[1], "load")) return load(argv[2]);
+  if (argc >= 2 && !strcmp(argv[1], "idle")) return idle_embedded();
   char self[4096];
   ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
   if (n <= 0) return 1;
   self[n] = 0;
-  int rc = round_with("no-MPS", self);
+  int rc = idle_rounds(self);
+  if (rc != 0) return rc;
+  rc = round_with("no-MPS", self);
   if (rc != 0) return rc;
   /* With MPS: the daemon first, in a private directory, then everything. */
   char dir[128], cmd[512];
