@@ -61,6 +61,10 @@ class CpuPoller {
   // Whether a leased orchestrator runs and will hear the bell; false wakes a
   // watcher asleep on it (it naps again).
   void set_bell_live(bool live);
+  // The GPU is parked (no kernel: no GPU->CPU ticket can be taken until it
+  // starts, and its keeper then rings the armed bell): the watcher asleep
+  // on the bell looks on its own only every kParkedCheckNs.
+  void set_bell_parked(bool parked) { bell_.parked_.store(parked, std::memory_order_relaxed); }
   // A launch ended after its keeper rang for bell value `rung`: wakes the
   // watcher if that is the armed value.
   void bell_rang(uint64_t rung);
@@ -77,8 +81,13 @@ class CpuPoller {
     bool live() const override { return live_.load(std::memory_order_seq_cst); }
     void arm(uint64_t first) override { __atomic_store_n(word_, first + 1, __ATOMIC_SEQ_CST); }
     void disarm() override { __atomic_store_n(word_, 0, __ATOMIC_SEQ_CST); }
+    int64_t check_ns(int64_t dflt) const override {
+      return parked_.load(std::memory_order_relaxed) && dflt < kParkedCheckNs ? kParkedCheckNs : dflt;
+    }
+    static constexpr int64_t kParkedCheckNs = 1000000000;
     uint64_t *word_ = nullptr;
     std::atomic<bool> live_{false};
+    std::atomic<bool> parked_{false};
   };
 
   // One ring entry as read before its ticket is claimed.

@@ -36,6 +36,9 @@ constexpr int64_t kLeaseLookNs = 1000000;
 // ... and at most this long while it sleeps towards a lease's end (a wake-up
 // per lease is all an idle runtime should pay).
 constexpr int64_t kLeaseSleepLookNs = 100000000;
+// Waiters of CPU->GPU tasks spin this long after a parked GPU starts (its
+// first launch after quiet: p99 about 120-280 us on an H200).
+constexpr int64_t kStartSpinNs = 400000;
 // A parked GPU's lease thread looks at it this often even if no submit asks
 // (an ask wakes it at once).
 constexpr int64_t kParkedLookNs = 1000000000;
@@ -375,6 +378,7 @@ bool GpuDevice::park_due_locked() {
   }
   if (!park_.try_park(tail, [this] { return exec_->tail(); })) return false;
   parked_ = true;
+  if (poller_) poller_->set_bell_parked(true);
   parks_.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
@@ -383,12 +387,14 @@ void GpuDevice::unpark_locked() {
   if (!parked_) return;
   parked_ = false;
   park_.unpark();
+  if (poller_) poller_->set_bell_parked(false);
   quiet_tail_ = ~0ull;
   lease_cv_.notify_all();
   if (!running_ || broken_) return;
   // The last launch ended (the usual case: the GPU parked a while ago): the
   // next goes now, from this thread.  Still ending: the lease thread queues
   // the next behind it, as after any lease.
+  if (exec_) exec_->starting(now_ns() + kStartSpinNs);
   DeviceGuard guard(ordinal_);
   const uint64_t n = launches_.load() - 1;
   if (cudaEventQuery(ended_[n & 1]) == cudaSuccess && launch_locked() != CHI_OK)

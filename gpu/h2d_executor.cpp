@@ -1,5 +1,6 @@
 #include "gpu/h2d_executor.h"
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -181,7 +182,13 @@ chi_status_t H2dExecutor::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, 
     return finished(slot, gen) || stopped_.load(std::memory_order_acquire) ||
            failed_.load(std::memory_order_acquire);
   };
-  if (!wait_until(ready, timeout_ns, cfg.spin_ns, max_nap))
+  int64_t spin_ns = cfg.spin_ns;
+  if (int64_t until = starting_until_.load(std::memory_order_relaxed); until != 0) {
+    const int64_t now = now_ns();
+    if (now < until) spin_ns = std::max(spin_ns, until - now);
+    else starting_until_.compare_exchange_strong(until, 0, std::memory_order_relaxed);
+  }
+  if (!wait_until(ready, timeout_ns, spin_ns, max_nap))
     return set_error(CHI_ERR_TIMEOUT, "GPU %d: task not finished within %lld ns", gpu_,
                      (long long)timeout_ns);
   if (!finished(slot, gen)) {

@@ -38,6 +38,11 @@ class H2dExecutor final : public Executor {
   // Before any submit: every submit tells `gate` after its entry (parking,
   // core/park_gate.h).
   void set_park_gate(ParkGate *gate) { park_ = gate; }
+  // A parked GPU is starting: waiters spin until about `until` (now_ns)
+  // instead of napping after spin_ns, since the first task after quiet
+  // takes a launch on an idle GPU (60-200 us) and a nap overshoots by
+  // the timer slack (docs/gpu.md, "Parked GPUs").
+  void starting(int64_t until) { starting_until_.store(until, std::memory_order_relaxed); }
   // Tickets taken so far (seq_cst: the parker's side of the handshake).
   uint64_t tail() const { return tail_.load(std::memory_order_seq_cst); }
   // Tasks submitted and not finished yet (released ones included).
@@ -72,6 +77,7 @@ class H2dExecutor final : public Executor {
   static constexpr uint32_t kFreeShards = 16;
   ShardedFreeStack free_;
   ParkGate *park_ = nullptr;
+  std::atomic<int64_t> starting_until_{0};
   alignas(64) std::atomic<uint64_t> tail_{0};
   alignas(64) std::atomic<bool> open_{true};
   std::atomic<bool> stopped_{false};

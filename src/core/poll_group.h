@@ -46,6 +46,10 @@ class PollBell {
   // Arms the bell for tickets >= first; disarm() takes it back.
   virtual void arm(uint64_t first) = 0;
   virtual void disarm() = 0;
+  // How long the watcher sleeps on the bell at most, given the group's
+  // setting: a bell that knows nothing can ring for a while (a parked GPU:
+  // no kernel to take a ticket) may let it sleep longer.
+  virtual int64_t check_ns(int64_t dflt) const { return dflt; }
 };
 
 class PollGroup {
@@ -260,7 +264,7 @@ class PollGroup {
     bool kicked = served;
     if (!served && !stopping()) {
       bell_sleeps_.fetch_add(1, std::memory_order_relaxed);
-      futex_wait(&kick_seq_, seq, bell_check_ns_);
+      futex_wait(&kick_seq_, seq, bell_->check_ns(bell_check_ns_));
       kicked = kick_seq_.load(std::memory_order_seq_cst) != seq;
     }
     bell_->disarm();

@@ -21,6 +21,8 @@ namespace chi {
 
 namespace {
 constexpr unsigned kBatch = 32;  // tasks a poller takes from one session per turn
+// An idle poller asleep in epoll_wait looks on its own this often (ms).
+constexpr int kIdleCheckMs = 1000;
 }  // namespace
 
 void signal_fd(int fd) {
@@ -207,15 +209,21 @@ void PollerPool::main(Poller *p) {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     bool ready = p->changed.load(std::memory_order_acquire) || quit_.load(std::memory_order_acquire);
     for (Session *s : snap) ready = ready || (!s->dead() && s->ring_ready());
+    int got = 0;
     if (!ready) {
-      const int got = epoll_wait(p->epfd, events, 64, 100);
+      // Every change it waits for rings a doorbell or p->wake; the timeout
+      // is a safety net only.
+      got = epoll_wait(p->epfd, events, 64, kIdleCheckMs);
       if (got < 0 && errno != EINTR) log(LogLevel::kError, "poller epoll_wait: %s", strerror(errno));
       for (int i = 0; i < got; ++i) {
         drain_fd(events[i].data.ptr ? static_cast<Session *>(events[i].data.ptr)->doorbell() : p->wake);
       }
     }
     for (Session *s : snap) s->arm_doorbell(false);
-    idle_since = 0;  // after a sleep the spin starts again
+    // After a wake-up the spin starts again; after a timeout the poller
+    // looks once and sleeps again (an idle server's pollers spun after
+    // every timeout: 1.6% of a core with 32 of them).
+    if (got != 0 || ready) idle_since = 0;
   }
 }
 
