@@ -236,6 +236,7 @@ void GpuDevice::bell_loop(std::shared_ptr<BellLife> life) {
     hold.lock();
     if (life->orphaned) return;
     ++k;
+    if (e == cudaSuccess) ended_n_.store(k, std::memory_order_release);
     end_seq_.fetch_add(1, std::memory_order_seq_cst);
     futex_wake(&end_seq_);
     if (e != cudaSuccess) {
@@ -387,26 +388,31 @@ void GpuDevice::unpark_locked() {
   if (!parked_) return;
   parked_ = false;
   park_.unpark();
-  if (poller_) poller_->set_bell_parked(false);
   quiet_tail_ = ~0ull;
+  if (running_ && !broken_) {
+    // The last launch ended (the usual case: the GPU parked a while ago, and
+    // the bell thread saw the end): the next goes now, from this thread,
+    // before anything else (each CUDA call or system call on a host that
+    // was idle costs 5-20 us, measured on an H200 host).  Still ending: the
+    // lease thread queues the next behind it, as after any lease.
+    if (exec_) exec_->starting(now_ns() + kStartSpinNs);
+    const uint64_t n = launches_.load() - 1;
+    const bool ended = ended_n_.load(std::memory_order_acquire) > n || cudaEventQuery(ended_[n & 1]) == cudaSuccess;
+    if (ended && launch_locked() != CHI_OK) fail_locked("starting the parked orchestrator");
+  }
+  if (poller_) poller_->set_bell_parked(false);
   lease_cv_.notify_all();
-  if (!running_ || broken_) return;
-  // The last launch ended (the usual case: the GPU parked a while ago): the
-  // next goes now, from this thread.  Still ending: the lease thread queues
-  // the next behind it, as after any lease.
-  if (exec_) exec_->starting(now_ns() + kStartSpinNs);
-  DeviceGuard guard(ordinal_);
-  const uint64_t n = launches_.load() - 1;
-  if (cudaEventQuery(ended_[n & 1]) == cudaSuccess && launch_locked() != CHI_OK)
-    fail_locked("starting the parked orchestrator");
+  park_.nudge();
 }
 
-void GpuDevice::wake() {
+bool GpuDevice::wake() {
   // On the submitter that won the ask.  mu_ held elsewhere (a status read,
-  // a pause, the lease thread): the lease thread, woken by the ask, starts
-  // the GPU once it has the lock.
+  // a pause, the lease thread): false, and the ask wakes the lease thread,
+  // which starts the GPU once it has the lock.
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-  if (lock.owns_lock() && parked_ && park_.wanted()) unpark_locked();
+  if (!lock.owns_lock()) return false;
+  if (parked_ && park_.wanted()) unpark_locked();
+  return true;
 }
 
 void GpuDevice::hold_awake() {
@@ -420,6 +426,7 @@ void GpuDevice::fail_locked(const char *what) {
   running_ = false;
   parked_ = false;
   park_.unpark();
+  park_.nudge();
   bell_live_locked();
   failure_ = what ? std::string("GPU ") + std::to_string(id_) + ": " + what + ": " + last_error()
                   : std::string(last_error());
@@ -548,7 +555,9 @@ chi_status_t GpuDevice::pause_locked() {
   }
   running_ = false;
   parked_ = false;
-  park_.unpark();  // tasks queued while paused wait for resume
+  park_.unpark();
+  park_.nudge();  // tasks queued while paused wait for resume
+  park_.nudge();
   bell_live_locked();
   return CHI_OK;
 }

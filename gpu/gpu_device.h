@@ -94,8 +94,8 @@ class GpuDevice {
   // won the ask (wake, when mu_ is free) or from the lease thread.
   bool park_due_locked();
   void unpark_locked();
-  void wake();
-  static void wake_cb(void *self) { static_cast<GpuDevice *>(self)->wake(); }
+  bool wake();
+  static bool wake_cb(void *self) { return static_cast<GpuDevice *>(self)->wake(); }
   // behind: queued behind the running launch (the lease thread's successor).
   chi_status_t launch_locked(bool behind = false);
   chi_status_t pause_locked();
@@ -173,6 +173,7 @@ class GpuDevice {
   uint64_t quiet_tail_ = ~0ull;  // the CPU->GPU tail the lease thread last saw...
   int64_t quiet_since_ = 0;      // ... and since when (now_ns)
   std::atomic<uint64_t> parks_{0};
+  std::atomic<uint64_t> ended_n_{0};  // launches 0..n-1 seen ended by the bell thread
   uint32_t region_count_ = 0;
 };
 

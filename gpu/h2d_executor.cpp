@@ -144,6 +144,7 @@ chi_status_t H2dExecutor::submit(chi_method_t method, const void *input, size_t 
   if (input_size > shape_.max_payload)
     return set_error(CHI_ERR_TOO_LARGE, "GPU %d: input of %zu bytes over gpu.max_payload %u", gpu_,
                      input_size, shape_.max_payload);
+  if (park_) park_->before_submit();  // a parked GPU's launch overlaps the rest
   uint32_t slot;
   if (!take_slot(&slot))
     return set_error(CHI_ERR_AGAIN, "GPU %d: all %u CPU->GPU slots in use", gpu_,

@@ -46,12 +46,15 @@ struct Sim {
 
 // The waker, on the submitter that won the ask: starts at once when the
 // lock is free, else leaves the start to the parker's thread.
-void wake(void *arg) {
+bool wake(void *arg) {
   Sim *s = static_cast<Sim *>(arg);
   std::unique_lock<std::mutex> lock(s->mu, std::try_to_lock);
-  if (!lock.owns_lock() || !s->parked) return;
+  if (!lock.owns_lock()) return false;
+  if (!s->parked) return true;
   s->start_locked();
+  s->gate.nudge();
   s->starts_inline.fetch_add(1);
+  return true;
 }
 
 void kernel(Sim *s) {
@@ -161,7 +164,12 @@ static void test_transitions(void **state) {
   (void)state;
   chi::ParkGate g;
   int woke = 0;
-  g.set_waker([](void *a) { ++*static_cast<int *>(a); }, &woke);
+  g.set_waker(
+      [](void *a) {
+        ++*static_cast<int *>(a);
+        return true;
+      },
+      &woke);
   assert_int_equal(g.state(), chi::ParkGate::kAwake);
   g.after_submit();  // awake: nothing to ask
   assert_int_equal(woke, 0);

@@ -15,9 +15,10 @@
 // start, or follows a start.
 //
 // Of the submitters that see kParked, the one whose CAS turns it into kWanted
-// calls the waker (which starts the GPU, or leaves that to the parker's
-// thread); the others need nothing more: a start is on its way.  The parker's
-// thread sleeps on the word while it is kParked.
+// calls the waker, which starts the GPU on its own thread or, when it cannot
+// (the owner's lock is taken), says so: then the parker's thread, asleep on
+// the word while it is kParked, is woken to do it.  The others need nothing
+// more: a start is on its way.
 //
 // No clock, no CUDA: tests/test_park_gate.cpp drives it with threads.
 #pragma once
@@ -32,13 +33,22 @@ namespace chi {
 class ParkGate {
  public:
   enum : uint32_t { kAwake = 0, kParked = 1, kWanted = 2 };
-  using WakeFn = void (*)(void *arg);
+  // True: it started the GPU (or found it started); false: the parker's
+  // thread must.
+  using WakeFn = bool (*)(void *arg);
 
   // Called by the submitter that turned kParked into kWanted, on its thread,
   // after the word changed; set before any submit.
   void set_waker(WakeFn fn, void *arg) {
     fn_ = fn;
     arg_ = arg;
+  }
+
+  // A submitter, before it prepares its task: an early start, so that the
+  // launch overlaps the rest of the submit.  Optional: after_submit() is
+  // what makes the handshake sound.
+  void before_submit() {
+    if (word_.load(std::memory_order_relaxed) == kParked) ask();
   }
 
   // A submitter, after its ticket (a seq_cst RMW) and its entry.
@@ -51,8 +61,9 @@ class ParkGate {
     uint32_t parked = kParked;
     if (!word_.compare_exchange_strong(parked, kWanted, std::memory_order_seq_cst)) return false;
     asks_.fetch_add(1, std::memory_order_relaxed);
-    futex_wake(&word_);
-    if (fn_) fn_(arg_);
+    // The start first: a wake-up of the parker's thread before it would
+    // delay the launch on the submitter's thread by a system call.
+    if (!fn_ || !fn_(arg_)) futex_wake(&word_);
     return true;
   }
 
@@ -67,11 +78,9 @@ class ParkGate {
     return false;
   }
 
-  // The owner, holding its lock, starts the GPU again (asked or not).
-  void unpark() {
-    word_.store(kAwake, std::memory_order_seq_cst);
-    futex_wake(&word_);
-  }
+  // The owner, holding its lock, starts the GPU again (asked or not), and
+  // wakes the parker's thread (nudge) once the start is under way.
+  void unpark() { word_.store(kAwake, std::memory_order_seq_cst); }
 
   uint32_t state() const { return word_.load(std::memory_order_seq_cst); }
   bool parked() const { return state() != kAwake; }
@@ -80,7 +89,7 @@ class ParkGate {
   // The parker's thread: sleeps while the GPU is parked and nobody asked, at
   // most ns (it re-checks its own reasons to wake, such as shutdown).
   void sleep(int64_t ns) { futex_wait(&word_, kParked, ns); }
-  // Wakes a sleep() early (shutdown, pause).
+  // Wakes a sleep() early (a start, shutdown, pause).
   void nudge() { futex_wake(&word_); }
 
   // Asks won so far (one per start a submitter caused).
