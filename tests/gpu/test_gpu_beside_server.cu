@@ -199,7 +199,8 @@ static int idle_rounds(const std::string &self) {
   bool parked = false;
   for (int i = 0; i < 600 && !parked; ++i) {
     parked = chi_server_query(address, "status-json", reply, sizeof reply, &len) == CHI_OK &&
-             (strstr(reply, "\"state\":\"parked\"") || strstr(reply, "\"gpus\":0"));
+             (strstr(reply, "\"state\":\"parked\"") || strstr(reply, "\"gpus\":0")) &&
+             !strstr(reply, "\"state\":\"running\""); /* every GPU parked */
     if (!parked) sleep_ms(50);
   }
   if (!parked) {

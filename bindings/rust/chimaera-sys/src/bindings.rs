@@ -845,12 +845,15 @@ pub struct chi_stats {
     pub device_slots_in_use: u64,
     pub device_slots_total: u64,
     pub tasks_cancelled: u64,
+    pub gpus_parked: u64,
+    pub gpu_launches: u64,
+    pub gpu_parks: u64,
 }
 #[test]
 fn bindgen_test_layout_chi_stats() {
     assert_eq!(
         ::std::mem::size_of::<chi_stats>(),
-        288usize,
+        312usize,
         concat!("Size of: ", stringify!(chi_stats))
     );
     assert_eq!(
@@ -1045,6 +1048,57 @@ fn bindgen_test_layout_chi_stats() {
         );
     }
     test_field_tasks_cancelled();
+    fn test_field_gpus_parked() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).gpus_parked) as usize - ptr as usize
+            },
+            288usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_stats),
+                "::",
+                stringify!(gpus_parked)
+            )
+        );
+    }
+    test_field_gpus_parked();
+    fn test_field_gpu_launches() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).gpu_launches) as usize - ptr as usize
+            },
+            296usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_stats),
+                "::",
+                stringify!(gpu_launches)
+            )
+        );
+    }
+    test_field_gpu_launches();
+    fn test_field_gpu_parks() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<chi_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).gpu_parks) as usize - ptr as usize
+            },
+            304usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(chi_stats),
+                "::",
+                stringify!(gpu_parks)
+            )
+        );
+    }
+    test_field_gpu_parks();
 }
 pub type chi_stats_t = chi_stats;
 extern "C" {
