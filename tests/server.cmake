@@ -32,3 +32,10 @@ if(CHI_LONG_TESTS)
       ENVIRONMENT "CHI_TEST_TRANSPORT=${transport};CHI_TEST_STOPS=200;CHI_TEST_FILTER=test_stop_under_load")
   endforeach()
 endif()
+
+# Several --listen addresses make one server, whose status lists them all.
+if(TARGET chimaera-server AND TARGET chimaera-ctl)
+  add_test(NAME test_server_listen COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/server_listen.sh
+    $<TARGET_FILE:chimaera-server> $<TARGET_FILE:chimaera-ctl>)
+  set_tests_properties(test_server_listen PROPERTIES TIMEOUT 60 LABELS server)
+endif()

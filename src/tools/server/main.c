@@ -75,6 +75,30 @@ int main(int argc, char **argv) {
   cfg.config_path = config;
   cfg.mode = CHI_MODE_EMBEDDED; /* the server is the embedded runtime */
   cfg.num_workers = workers;
+  /* Several --listen addresses are served by one server (one status lists
+   * them all): they become server.listen, as a YAML list of quoted strings. */
+  static char listen_yaml[16 * 4200 + 32];
+  if (nlisten > 1) {
+    size_t n = (size_t)snprintf(listen_yaml, sizeof listen_yaml, "server.listen: [");
+    for (int i = 0; i < nlisten; ++i) {
+      if (strlen(listen[i]) > 4096) {
+        fprintf(stderr, "chimaera-server: --listen address longer than 4096 bytes\n");
+        return 2;
+      }
+      n += (size_t)snprintf(listen_yaml + n, sizeof listen_yaml - n, "%s\"", i ? ", " : "");
+      for (const char *c = listen[i]; *c; ++c) {
+        if ((unsigned char)*c < 0x20) {
+          fprintf(stderr, "chimaera-server: --listen address with a control character\n");
+          return 2;
+        }
+        if (*c == '"' || *c == '\\') listen_yaml[n++] = '\\';
+        listen_yaml[n++] = *c;
+      }
+      listen_yaml[n++] = '"';
+    }
+    snprintf(listen_yaml + n, sizeof listen_yaml - n, "]");
+    cfg.settings = listen_yaml;
+  }
   chi_runtime_t *rt;
   chi_status_t s = chi_init(&cfg, &rt);
   if (s != CHI_OK) {
@@ -84,13 +108,13 @@ int main(int argc, char **argv) {
   }
   chi_server_t *servers[16];
   int nservers = 0;
-  if (nlisten == 0) {
-    /* server.listen from the config, else the default server. */
+  if (nlisten != 1) {
+    /* server.listen (from the config, or the --listen addresses), else the
+     * default server. */
     s = chi_server_start(rt, NULL, &servers[0]);
     if (s == CHI_OK) nservers = 1;
   } else {
-    for (int i = 0; i < nlisten && s == CHI_OK; ++i)
-      if ((s = chi_server_start(rt, listen[i], &servers[nservers])) == CHI_OK) ++nservers;
+    if ((s = chi_server_start(rt, listen[0], &servers[0])) == CHI_OK) nservers = 1;
   }
   if (s != CHI_OK) {
     fprintf(stderr, "chimaera-server: %s\n", chi_last_error_message());
