@@ -56,6 +56,7 @@ chi_status_t DeviceMemory::allocate(const Shape &s, int32_t id, int32_t ngpus, u
   const size_t o_warp_done = dc.take(s.nwarps * sizeof(uint64_t));
   const size_t o_gate = dc.take(128);
   const size_t o_stage = dc.take(CHI_DEV_MAX_REGIONS * sizeof(chi_dev_region_t));
+  const size_t o_peers = dc.take(size_t(ngpus > 0 ? ngpus : 1) * sizeof(chi_dev_ctx_layout_t));
   if (cudaError_t e = cudaMalloc(reinterpret_cast<void **>(&dev), dc.size); e != cudaSuccess) {
     dev = nullptr;
     return cuda_error(CHI_ERR_NOMEM, id, "allocating device memory", e);
@@ -77,6 +78,8 @@ chi_status_t DeviceMemory::allocate(const Shape &s, int32_t id, int32_t ngpus, u
   // As orchestrator_main splits its warps (d2d_workers in device_orchestrator.h).
   l.d2d_workers = s.nwarps > s.h2d_pollers ? s.nwarps - s.h2d_pollers : 1;
   l.d2d_first_worker = s.nwarps > s.h2d_pollers ? s.h2d_pollers : 0;
+  // Zeroed below (no peer reachable) until the runtime uploads the table.
+  l.peers = reinterpret_cast<const chi_dev_ctx_layout_t *>(dev + o_peers);
 
   chi_dev_orch_state_t os;
   std::memset(&os, 0, sizeof os);

@@ -684,6 +684,17 @@ chi_status_t GpuDevice::upload_regions(const std::vector<Region> &snapshot) {
   return CHI_OK;
 }
 
+chi_status_t GpuDevice::upload_peers(const std::vector<chi_dev_ctx_layout_t> &table) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_ || broken_ || table.size() != size_t(ngpus_)) return CHI_OK;
+  DeviceGuard guard(ordinal_);
+  cudaError_t e = cudaMemcpyAsync(const_cast<chi_dev_ctx_layout_t *>(mem_.layout.peers), table.data(),
+                                  table.size() * sizeof(chi_dev_ctx_layout_t), cudaMemcpyHostToDevice, ctl_stream_);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(ctl_stream_);
+  if (e != cudaSuccess) return cuda_error(CHI_ERR_INTERNAL, id_, "uploading the peer table", e);
+  return CHI_OK;
+}
+
 void GpuDevice::device_slots(uint64_t *in_use, uint64_t *total) {
   std::lock_guard<std::mutex> lock(mu_);
   *total += 2ull * shape_.dslots;

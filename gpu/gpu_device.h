@@ -76,6 +76,11 @@ class GpuDevice {
   chi_status_t set_orchestrator(chi_gpu_launch_fn launch, const std::vector<int32_t> &dispatch);
   chi_status_t check_pointer(const void *ptr, size_t size);
   chi_status_t upload_regions(const std::vector<Region> &snapshot);
+  // This GPU's context as another GPU's kernels reach it (peer memory).
+  const chi_dev_ctx_layout_t &layout() const { return mem_.layout; }
+  // Writes the table of every GPU's context as this GPU's kernels reach them
+  // (entry n: GPU n; magic 0 where there is no peer access).
+  chi_status_t upload_peers(const std::vector<chi_dev_ctx_layout_t> &table);
   // Adds this GPU's device slots held now (bits set in both bitmaps, read
   // back from device memory) and in all to *in_use and *total.
   void device_slots(uint64_t *in_use, uint64_t *total);

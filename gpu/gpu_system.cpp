@@ -41,11 +41,44 @@ class DeviceGpuSystem final : public GpuSystem {
   int32_t count() const override { return int32_t(devs_.size()); }
   Executor *executor(int32_t gpu) override { return devs_[gpu]->executor(); }
 
+  // GPU->GPU across GPUs (docs/gpu.md, "GPU->GPU across GPUs"): peer access
+  // between every pair that has it, and each GPU's table of the others'
+  // contexts.  A pair without it gets CHI_ERR_NO_DEVICE from device code.
+  chi_status_t connect_peers() {
+    const size_t n = devs_.size();
+    if (n < 2) return CHI_OK;
+    for (size_t i = 0; i < n; ++i) {
+      std::vector<chi_dev_ctx_layout_t> table(n);
+      std::memset(table.data(), 0, n * sizeof(chi_dev_ctx_layout_t));
+      for (size_t j = 0; j < n; ++j) {
+        bool reach = i == j;
+        if (!reach) {
+          int can = 0;
+          DeviceGuard guard(devs_[i]->ordinal());
+          if (cudaDeviceCanAccessPeer(&can, devs_[i]->ordinal(), devs_[j]->ordinal()) == cudaSuccess && can) {
+            const cudaError_t e = cudaDeviceEnablePeerAccess(devs_[j]->ordinal(), 0);
+            reach = e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled;
+          }
+          (void)cudaGetLastError();
+          if (!reach)
+            log(LogLevel::kWarn, "GPU %zu cannot reach GPU %zu's memory (no peer access): device code on it "
+                "gets CHI_ERR_NO_DEVICE for CHI_ROUTE_GPU(%zu)", i, j, j);
+        }
+        if (!reach) continue;
+        table[j] = devs_[j]->layout();
+        table[j].flags = 0;  // never the orchestrator's: a handler on GPU i serves no bell of GPU j
+      }
+      if (chi_status_t s = devs_[i]->upload_peers(table); s != CHI_OK) return s;
+    }
+    return CHI_OK;
+  }
+
   chi_status_t context(int32_t gpu, chi_dev_context_t *ctx) override {
     if (!ctx) return set_error(CHI_ERR_INVALID, "ctx is NULL");
-    // Kernels may now submit to this GPU's device routes at any time: it
-    // stops parking (docs/gpu.md, "Parked GPUs").
-    devs_[gpu]->hold_awake();
+    // Kernels may now submit to the device routes at any time, of this GPU
+    // and, across GPUs, of every other: none parks from now on (docs/gpu.md,
+    // "Parked GPUs").
+    for (auto &d : devs_) d->hold_awake();
     devs_[gpu]->context(ctx);
     return CHI_OK;
   }
@@ -310,6 +343,7 @@ chi_status_t create_gpu_system(Runtime &rt, const Config &cfg, std::unique_ptr<G
       mps_dir.c_str());
   for (int d : use)
     if (chi_status_t s = sys->add(d, int32_t(use.size())); s != CHI_OK) return s;
+  if (chi_status_t s = sys->connect_peers(); s != CHI_OK) return s;
   *out = std::move(sys);
   return CHI_OK;
 }

@@ -73,12 +73,42 @@
 
 namespace chi_dev_detail {
 /* The context's layout and a future's kind, generation and slot; false for a
- * NULL or foreign context or a future this context never issued. */
+ * NULL or foreign context or a future this context never issued.  A future
+ * of another GPU's GPU->GPU route comes back as kKindLocal with that GPU's
+ * layout in *l and *peer set: the same protocol, over peer memory. */
 CHI_DEVICE bool open_future(const chi_dev_context_t *ctx, chi_future_t future, const chi_dev_layout **l,
-                            uint32_t *kind, uint32_t *gen, uint32_t *slot) {
+                            uint32_t *kind, uint32_t *gen, uint32_t *slot, bool *peer = nullptr) {
   if (!ctx) return false;
   *l = layout(ctx);
-  return (*l)->magic == CHI_DEV_CTX_MAGIC && split_future(future, (*l)->slots, kind, gen, slot);
+  uint32_t gpu = 0;
+  if ((*l)->magic != CHI_DEV_CTX_MAGIC || !split_future(future, (*l)->slots, kind, gen, slot, &gpu)) return false;
+  if (peer) *peer = false;
+  if (*kind != kKindPeer) return true;
+  if ((*l)->flags & CHI_DEV_CTX_RELAY) return false;
+  const chi_dev_layout *p = peer_layout(*l, static_cast<int32_t>(gpu));
+  if (p == nullptr || *slot >= p->slots) return false;
+  *l = p;
+  *kind = kKindLocal;
+  if (peer) *peer = true;
+  return true;
+}
+
+/* GPU->GPU on GPU `route` (another GPU, kKindPeer): local_prepare and
+ * local_publish over that GPU's slots, with system-scope fences (its
+ * orchestrator reads them through its own L2).  A handler (the
+ * orchestrator's context) never waits, there as here. */
+CHI_DEVICE chi_status_t peer_submit(const chi_dev_layout *l, chi_route_t route, chi_method_t method,
+                                    const void *input, uint32_t input_size, bool wait, uint32_t *slot,
+                                    uint32_t *gen) {
+  const chi_dev_layout *p = peer_layout(l, route);
+  if (p == nullptr) return CHI_ERR_NO_DEVICE;
+  if (l->flags & CHI_DEV_CTX_ORCHESTRATOR) wait = false;
+  chi_status_t s = local_prepare(p, slot, gen, wait);
+  if (s != CHI_OK) return s;
+  local_publish(p, *slot, *gen, method, input, input_size, true);
+  chi_port::fence_sys(); /* the task and its bell before the gate's count drops */
+  gate_leave(p);
+  return CHI_OK;
 }
 
 CHI_DEVICE chi_status_t submit_one(const chi_dev_context_t *ctx, chi_route_t route, chi_method_t method,
@@ -95,6 +125,10 @@ CHI_DEVICE chi_status_t submit_one(const chi_dev_context_t *ctx, chi_route_t rou
     if ((s = local_prepare(l, &slot, &gen, wait)) != CHI_OK) return s;
     local_publish(l, slot, gen, method, input, input_size);
     gate_leave(l);
+  } else if (kind == kKindPeer) {
+    if ((s = peer_submit(l, route, method, input, input_size, wait, &slot, &gen)) != CHI_OK) return s;
+    *future = make_future(kind, gen, slot, static_cast<uint32_t>(route));
+    return CHI_OK;
   } else {
     if ((s = cpu_prepare(l, input, input_size, &slot, &gen, wait, &t)) != CHI_OK) return s;
     cpu_publish(l, t, method, input, input_size, ring_slot_word(l, slot, route), gen);
@@ -110,7 +144,8 @@ CHI_DEVICE chi_status_t submit_one(const chi_dev_context_t *ctx, chi_route_t rou
  * marks the future consumed and frees the slot; on CHI_ERR_TOO_LARGE the
  * future stays valid. */
 CHI_DEVICE chi_status_t local_take(const chi_dev_layout *l, uint32_t slot, uint32_t gen, bool held, uint32_t seen,
-                                   d2d_reply *r, void *output, uint32_t output_capacity, uint32_t *output_size) {
+                                   d2d_reply *r, void *output, uint32_t output_capacity, uint32_t *output_size,
+                                   bool peer = false) {
   uint32_t *state = l->d2d_state + slot;
   const uint32_t g8 = gen << 8;
   const chi_status_t status = static_cast<chi_status_t>(ll_data(r->h0));
@@ -141,7 +176,7 @@ CHI_DEVICE chi_status_t local_take(const chi_dev_layout *l, uint32_t slot, uint3
   }
   const bool ll = output && osize && osize <= CHI_DEV_D2D_LL_BYTES;
   if (ll) ll_finish(l, slot, gen, r, osize);
-  else if (output && osize) local_plain_output(l, slot, osize, output);
+  else if (output && osize) local_plain_output(l, slot, osize, output, peer);
   if (held) bitmap_free_relaxed(l->d2d_bitmap, slot);
   else bitmap_free(l->d2d_bitmap, slot);
   if (ll) ll_get(output, r->w, osize);
@@ -216,7 +251,8 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
   using namespace chi_dev_detail;
   const chi_dev_layout *l;
   uint32_t kind, gen, slot;
-  if (!open_future(ctx, future, &l, &kind, &gen, &slot)) return CHI_ERR_INVALID;
+  bool peer = false;
+  if (!open_future(ctx, future, &l, &kind, &gen, &slot, &peer)) return CHI_ERR_INVALID;
   const uint64_t t0 = chi_port::timer_ns();
   const uint32_t spin_ns = l->wait_spin_ns;
   if (kind == kKindLocal) {
@@ -259,7 +295,7 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
       /* Past the spin, polls read the header words alone. */
       got = local_poll(l, slot, gen, waited < spin_ns ? want : 0u, &r);
     }
-    return local_take(l, slot, gen, held, s, &r, output, output_capacity, output_size);
+    return local_take(l, slot, gen, held, s, &r, output, output_capacity, output_size, peer);
   }
 
   /* GPU->CPU: the reply is in host memory.  A wait with a timeout claims the
@@ -485,6 +521,9 @@ CHI_DEVICE chi_status_t warp_submit(const chi_dev_context_t *ctx, chi_route_t ro
           gate_leave(l);
           *future = make_future(kind, gen, slot);
         }
+      } else if (kind == kKindPeer) {
+        s = peer_submit(l, route, method, input, input_size, wait, &slot, &gen);
+        if (s == CHI_OK) *future = make_future(kind, gen, slot, static_cast<uint32_t>(route));
       } else {
         s = cpu_prepare(l, input, input_size, &slot, &gen, wait);
       }

@@ -11,6 +11,8 @@ if(CHI_HAVE_CUDA)
   # Parked GPUs: park and start hammered from threads, a handler's GPU->CPU
   # tasks, pause, finalize and chi_gpu_context (docs/gpu.md, "Parked GPUs").
   chi_add_test(test_gpu_park SOURCES gpu/test_gpu_park.cu GPU TIMEOUT 300 LABELS gpu)
+  # GPU->GPU across GPUs from device code (two GPUs with peer access, else skipped).
+  chi_add_test(test_gpu_peer SOURCES gpu/test_gpu_peer.cu GPU TIMEOUT 300 LABELS gpu)
   # Waiting device submits from a full-device grid, chi_dev_release.
   chi_add_test(test_gpu_device_submit SOURCES gpu/test_gpu_device_submit.cu GPU TIMEOUT 300 LABELS gpu)
   # A CPU handler that blocks its poller: the other pollers steal its part's tasks.
@@ -52,11 +54,11 @@ if(CHI_HAVE_CUDA)
     target_link_libraries(test_gpu_client PRIVATE CUDA::cudart)
   endif()
   foreach(t test_gpu test_gpu_orchestrator gpu_timing test_gpu_coexist test_gpu_device_submit
-            test_gpu_poller_steal test_gpu_park)
+            test_gpu_poller_steal test_gpu_park test_gpu_peer)
     set_target_properties(${t} PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
     target_compile_options(${t} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
   endforeach()
-  foreach(t test_gpu gpu_timing test_gpu_coexist test_gpu_device_submit test_gpu_poller_steal test_gpu_park)
+  foreach(t test_gpu gpu_timing test_gpu_coexist test_gpu_device_submit test_gpu_poller_steal test_gpu_park test_gpu_peer)
     set_target_properties(${t} PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
     target_link_libraries(${t} PRIVATE CUDA::cudart)
   endforeach()

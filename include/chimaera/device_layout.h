@@ -16,7 +16,7 @@
 
 #include "chimaera.h"
 
-#define CHI_DEV_ABI_VERSION 9u
+#define CHI_DEV_ABI_VERSION 10u
 /* The context's first word: "CH" and the ABI version (since ABI 9; it was
  * "CHID" before), so a kernel built against another chimaera_device.h gets
  * CHI_ERR_INVALID from every device call instead of running an older
@@ -142,6 +142,11 @@ typedef struct chi_dev_ctx_layout {
   int32_t ngpus;             /* GPUs the runtime drives (CHI_ROUTE_GPU(n >= ngpus): CHI_ERR_NO_DEVICE) */
   uint32_t d2d_workers;      /* since ABI 9: orchestrator warps serving GPU->GPU bells ... */
   uint32_t d2d_first_worker; /* ... from this warp on; worker i serves bell words i, i + workers, ... */
+  /* Since ABI 10: device memory of this GPU, ngpus entries: entry n is GPU
+   * n's context as this GPU's kernels reach it (its GPU->GPU slots over peer
+   * memory, docs/gpu.md "GPU->GPU across GPUs"); magic 0 where this GPU has
+   * no peer access to GPU n.  NULL in a client's relay context. */
+  const struct chi_dev_ctx_layout *peers;
 } chi_dev_ctx_layout_t;
 
 /* The orchestrator's state in device memory, passed to its kernel. */

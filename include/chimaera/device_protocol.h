@@ -33,6 +33,7 @@ using chi_dev_layout = chi_dev_ctx_layout_t;
 constexpr uint32_t kFutureTag = 0xD7u;
 constexpr uint32_t kKindLocal = 1u;
 constexpr uint32_t kKindCpu = 2u;
+constexpr uint32_t kKindPeer = 3u; /* GPU->GPU on another GPU of the runtime (its number in the future) */
 
 CHI_DEVICE const chi_dev_layout *layout(const chi_dev_context_t *ctx) {
   return reinterpret_cast<const chi_dev_layout *>(ctx);
@@ -46,19 +47,29 @@ CHI_DEVICE uint32_t next_gen(uint32_t g) {
   g = (g + 1u) & 0xFFFFFFu;
   return g ? g : 1u;
 }
-/* Device futures: tag (8) | kind (4) | reserved (4) | generation (24) | slot + 1 (24). */
-CHI_DEVICE chi_future_t make_future(uint32_t kind, uint32_t gen, uint32_t slot) {
+/* Device futures: tag (8) | kind (4) | GPU of a peer future (4) | generation (24) | slot + 1 (24). */
+constexpr int32_t kMaxPeerGpus = 16;
+CHI_DEVICE chi_future_t make_future(uint32_t kind, uint32_t gen, uint32_t slot, uint32_t gpu = 0u) {
   return (static_cast<uint64_t>(kFutureTag) << 56) | (static_cast<uint64_t>(kind) << 52) |
-         (static_cast<uint64_t>(gen & 0xFFFFFFu) << 24) | ((slot + 1u) & 0xFFFFFFu);
+         (static_cast<uint64_t>(gpu & 0xFu) << 48) | (static_cast<uint64_t>(gen & 0xFFFFFFu) << 24) |
+         ((slot + 1u) & 0xFFFFFFu);
 }
 CHI_DEVICE bool split_future(chi_future_t f, uint32_t slots, uint32_t *kind, uint32_t *gen,
-                             uint32_t *slot) {
+                             uint32_t *slot, uint32_t *gpu) {
   uint32_t low = static_cast<uint32_t>(f & 0xFFFFFFu);
   if ((f >> 56) != kFutureTag || low == 0 || low > slots) return false;
   *kind = static_cast<uint32_t>((f >> 52) & 0xFu);
+  *gpu = static_cast<uint32_t>((f >> 48) & 0xFu);
   *gen = static_cast<uint32_t>((f >> 24) & 0xFFFFFFu);
   *slot = low - 1u;
-  return *kind == kKindLocal || *kind == kKindCpu;
+  return *kind == kKindLocal || *kind == kKindCpu || *kind == kKindPeer;
+}
+/* GPU n's context as this GPU's kernels reach it, or NULL (no such entry,
+ * or no peer access). */
+CHI_DEVICE const chi_dev_layout *peer_layout(const chi_dev_layout *l, int32_t n) {
+  if (l->peers == nullptr || n < 0 || n >= l->ngpus || n >= kMaxPeerGpus) return nullptr;
+  const chi_dev_layout *p = l->peers + n;
+  return chi_port::ld_relaxed_dev(&p->magic) == CHI_DEV_CTX_MAGIC ? p : nullptr;
 }
 
 /* Where a thread starts its slot search: warp-specific (GPU-NOTES: a scan
@@ -459,12 +470,14 @@ CHI_DEVICE chi_status_t local_prepare(const chi_dev_layout *l, uint32_t *slot, u
  * state word, and the bell, fire and forget.  The orchestrator worker that
  * serves the slot's bell word sees the bit flip, then the request words. */
 CHI_DEVICE void local_publish(const chi_dev_layout *l, uint32_t slot, uint32_t gen, chi_method_t method,
-                              const void *input, uint32_t input_size) {
+                              const void *input, uint32_t input_size, bool peer = false) {
   if (input_size <= CHI_DEV_D2D_LL_BYTES) {
     if (input_size) ll_put(d2d_in_ll(l, slot), input, input_size, gen);
   } else {
     thread_copy(d2d_in(l, slot), input, input_size);
-    chi_port::fence_release_dev(); /* the bytes before the request words */
+    /* the bytes before the request words (another GPU's slot: system scope) */
+    if (peer) chi_port::fence_sys();
+    else chi_port::fence_release_dev();
   }
   chi_port::st_relaxed_dev(l->d2d_state + slot, (gen << 8) | CHI_DEV_SLOT_SUBMITTED);
   chi_port::ll_store16_dev(d2d_words(l, slot) + CHI_DEV_D2D_REQ_WORD, ll_pack(method, gen), ll_pack(input_size, gen));
@@ -515,8 +528,10 @@ CHI_DEVICE void ll_finish(const chi_dev_layout *l, uint32_t slot, uint32_t gen, 
 }
 /* An output of over CHI_DEV_D2D_LL_BYTES, once the reply words carry the
  * generation: plain bytes the orchestrator wrote before them (acquire). */
-CHI_DEVICE void local_plain_output(const chi_dev_layout *l, uint32_t slot, uint32_t osize, void *out) {
-  chi_port::fence_acquire_dev();
+CHI_DEVICE void local_plain_output(const chi_dev_layout *l, uint32_t slot, uint32_t osize, void *out,
+                                   bool peer = false) {
+  if (peer) chi_port::fence_sys();
+  else chi_port::fence_acquire_dev();
   thread_copy(out, d2d_out(l, slot), osize, true);
 }
 
@@ -581,7 +596,9 @@ CHI_DEVICE chi_status_t check_submit(const chi_dev_context_t *ctx, chi_route_t r
   if (route == CHI_ROUTE_LOCAL || route == CHI_ROUTE_GPU_ANY || route == l->gpu) *kind = kKindLocal;
   else if (route == CHI_ROUTE_CPU) *kind = kKindCpu;
   else if (route >= 0 && route >= l->ngpus) return CHI_ERR_NO_DEVICE; /* no such GPU */
-  else return CHI_ERR_INVALID; /* another GPU of the runtime: not from device code (docs/gpu.md) */
+  else if (route >= 0 && peer_layout(l, route)) *kind = kKindPeer; /* another GPU, over peer memory */
+  else if (route >= 0) return CHI_ERR_NO_DEVICE; /* another GPU without peer access */
+  else return CHI_ERR_INVALID;
   return CHI_OK;
 }
 

@@ -135,6 +135,39 @@ __global__ void k_block_pingpong(unsigned *a, unsigned *b, unsigned n, unsigned 
                  static_cast<unsigned long long>(clock64()), g_start, gtimer()};
 }
 
+// One thread on each of two GPUs bounces a word over peer memory: each
+// writes the other's flag (in the other GPU's memory) and polls its own.
+// The side on the first GPU times each round trip with %globaltimer.
+__global__ void k_peer_ping(unsigned *mine, unsigned *theirs, unsigned n, unsigned warm, unsigned long long timeout_ns,
+                            unsigned long long *samples, unsigned *fault) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  cuda::atomic_ref<unsigned, cuda::thread_scope_system> me(*mine), them(*theirs);
+  for (unsigned i = 1; i <= n; ++i) {
+    const unsigned long long t0 = gtimer();
+    them.store(i, cuda::memory_order_release);
+    while (me.load(cuda::memory_order_acquire) != i)
+      if (gtimer() - t0 > timeout_ns) {
+        *fault = 1;
+        return;
+      }
+    if (i > warm) samples[i - warm - 1] = gtimer() - t0;
+  }
+}
+__global__ void k_peer_pong(unsigned *mine, unsigned *theirs, unsigned n, unsigned long long timeout_ns,
+                            unsigned *fault) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  cuda::atomic_ref<unsigned, cuda::thread_scope_system> me(*mine), them(*theirs);
+  for (unsigned i = 1; i <= n; ++i) {
+    const unsigned long long t0 = gtimer();
+    while (me.load(cuda::memory_order_acquire) != i)
+      if (gtimer() - t0 > timeout_ns) {
+        *fault = 1;
+        return;
+      }
+    them.store(i, cuda::memory_order_release);
+  }
+}
+
 // GPU warp -> CPU thread -> GPU: each warp's lane 0 owns one pinned slot.
 struct alignas(64) CallSlot {
   unsigned req;
@@ -1030,6 +1063,74 @@ void gpu_origin_rows(std::vector<Gpu> &gpus, const chi_bench_options &opt, Rows 
   }
 }
 
+// floor.gpu_peer_pingpong: the round trip any device-initiated transfer
+// between two GPUs pays (k_peer_ping / k_peer_pong), peer access enabled by
+// the runtime.
+void floor_peer(Gpu &a, Gpu &b, const chi_bench_options &opt, chi_bench_row *row) {
+  row->payload_bytes = 4;
+  const uint64_t total = opt.warmup + opt.iters;
+  unsigned *fa = nullptr, *fb = nullptr, *fault = nullptr;
+  cudaError_t e = cudaSetDevice(a.ordinal);
+  if (e == cudaSuccess) e = cudaMalloc(&fa, 256);
+  if (e == cudaSuccess) e = cudaMemset(fa, 0, 256);
+  if (e == cudaSuccess) e = cudaHostAlloc(reinterpret_cast<void **>(&fault), sizeof(unsigned), cudaHostAllocMapped);
+  if (e == cudaSuccess) e = cudaSetDevice(b.ordinal);
+  if (e == cudaSuccess) e = cudaMalloc(&fb, 256);
+  if (e == cudaSuccess) e = cudaMemset(fb, 0, 256);
+  if (e == cudaSuccess) {
+    *fault = 0;
+    k_peer_pong<<<1, 32, 0, b.stream>>>(fb, fa, unsigned(total), kHostSpinTimeoutNs, fault);
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess) e = cudaSetDevice(a.ordinal);
+  if (e == cudaSuccess) {
+    k_peer_ping<<<1, 32, 0, a.stream>>>(fa, fb, unsigned(total), unsigned(opt.warmup), kHostSpinTimeoutNs,
+                                        a.samples, fault);
+    e = cudaGetLastError();
+  }
+  std::vector<uint64_t> samples(opt.iters);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(a.stream);
+  if (e == cudaSuccess)
+    e = cudaMemcpy(samples.data(), a.samples, sizeof(uint64_t) * opt.iters, cudaMemcpyDeviceToHost);
+  if (e == cudaSuccess) {
+    cudaSetDevice(b.ordinal);
+    e = cudaStreamSynchronize(b.stream);
+    cudaSetDevice(a.ordinal);
+  }
+  if (e != cudaSuccess || *fault) {
+    chi_bench_row_fail(row, e != cudaSuccess ? CHI_ERR_INTERNAL : CHI_ERR_TIMEOUT, "%s",
+                       e != cudaSuccess ? cuda_msg("peer ping-pong", e).c_str() : "the other GPU did not answer");
+  } else {
+    chi_bench_row_samples(row, samples.data(), samples.size());
+  }
+  cudaSetDevice(a.ordinal);
+  if (fa) cudaFree(fa);
+  if (fault) cudaFreeHost(fault);
+  cudaSetDevice(b.ordinal);
+  if (fb) cudaFree(fb);
+  cudaSetDevice(a.ordinal);
+  (void)cudaGetLastError();
+}
+
+// GPU->GPU across GPUs (skipped on one GPU): gpu0->gpu1 latency and a full
+// grid's throughput, against floor.gpu_peer_pingpong measured just before.
+void peer_rows(std::vector<Gpu> &gpus, const chi_bench_options &opt, Rows &rows) {
+  if (gpus.size() < 2 || !gpus[0].error.empty() || !gpus[1].error.empty()) return;
+  Gpu &g = gpus[0];
+  if (chi_bench_row *r = rows.next("floor.gpu_peer_pingpong", CHI_BENCH_FLOOR)) floor_peer(g, gpus[1], opt, r);
+  if (chi_bench_row *r = rows.next("gpu0->gpu1", CHI_BENCH_LATENCY)) {
+    set_route(r, "CHI_ROUTE_GPU(1)", "floor.gpu_peer_pingpong", opt.payload);
+    r->target_p50_ns = 4000.0;
+    gpu_latency(g, CHI_ROUTE_GPU(1), opt, r, LatencyMode());
+  }
+  char name[48];
+  std::snprintf(name, sizeof name, "gpu0->gpu1 %u warps", max_warps(g));
+  if (chi_bench_row *r = rows.next(name, CHI_BENCH_THROUGHPUT)) {
+    set_route(r, "CHI_ROUTE_GPU(1)", "floor.gpu_peer_pingpong", opt.payload);
+    gpu_throughput(g, CHI_ROUTE_GPU(1), opt, max_warps(g), r);
+  }
+}
+
 void fail_all(Rows &rows, const char *name, chi_status_t st, const std::string &why) {
   if (chi_bench_row *r = rows.next(name, CHI_BENCH_FLOOR))
     chi_bench_row_fail(r, st, "%s", why.c_str());
@@ -1238,6 +1339,7 @@ extern "C" int chi_bench_gpu_rows(chi_runtime_t *rt, const struct chi_bench_opti
 
   cpu_to_gpu_rows(rt, gpus, *opt, out);
   gpu_origin_rows(gpus, *opt, out);
+  peer_rows(gpus, *opt, out);
   if (g0.error.empty() && out.max - out.n >= 6)
     out.n += chi_bench_footprint_rows(rt, g0.id, g0.ordinal, out.rows + out.n, out.max - out.n);
 
