@@ -84,12 +84,21 @@ __global__ void k_peer_storm(chi_dev_context_t ctx, chi_route_t to, uint32_t rou
     uint32_t n = 0;
     chi_status_t s;
     if (warp_api) {
-      do {
-        s = chi_dev_warp_submit(&ctx, to, CHI_METHOD_ECHO, in, 16, 1, &f);
-      } while (__any_sync(0xffffffffu, s == CHI_ERR_AGAIN) && s == CHI_ERR_AGAIN);
-      __syncwarp();
-      if (s == CHI_OK) s = chi_dev_warp_wait(&ctx, f, GT_WAIT_NS, out, 16, &n, 1);
-      else chi_dev_warp_wait(&ctx, 0, 0, NULL, 0, NULL, 0);
+      /* Warp-collective: every lane calls each time, those still without a
+       * slot active. */
+      int need = 1;
+      s = CHI_ERR_AGAIN;
+      while (__any_sync(0xffffffffu, need)) {
+        chi_future_t g = 0;
+        const chi_status_t t = chi_dev_warp_submit(&ctx, to, CHI_METHOD_ECHO, in, 16, need, &g);
+        if (need && t != CHI_ERR_AGAIN) {
+          s = t;
+          f = g;
+          need = 0;
+        }
+      }
+      const chi_status_t w = chi_dev_warp_wait(&ctx, f, GT_WAIT_NS, out, 16, &n, s == CHI_OK);
+      if (s == CHI_OK) s = w;
     } else {
       do {
         s = chi_dev_submit(&ctx, to, CHI_METHOD_ECHO, in, 16, &f);
