@@ -15,6 +15,7 @@
 #include "core/futex.h"
 #include "core/runtime.h"
 #include "core/stats.h"
+#include "ipc/address.h"
 #include "ipc/channel.h"
 #include "ipc/curve.h"
 #include "ipc/handshake.h"
@@ -63,13 +64,11 @@ chi_status_t ZmqListener::open(Service &service, const std::string &address, std
 chi_status_t ZmqListener::bind() {
   const bool tcp = address_.compare(0, 6, "tcp://") == 0;
   if (tcp) {
-    std::string hp = address_.substr(6);
-    size_t colon = hp.rfind(':');
-    int port = colon == std::string::npos ? 0 : atoi(hp.c_str() + colon + 1);
-    if (colon == std::string::npos || colon == 0 || port < 1 || port > 65535)
-      return set_error(CHI_ERR_INVALID, "%s is not tcp://HOST:PORT", address_.c_str());
-    if (chi_status_t s = curve_.configure(svc_.config(), address_, ipc::is_loopback_host(hp.substr(0, colon)));
-        s != CHI_OK)
+    std::string host, why;
+    int port = 0;
+    if (!ipc::split_tcp_address(address_.substr(6), &host, &port, &why))
+      return set_error(CHI_ERR_INVALID, "%s is not tcp://HOST:PORT: %s", address_.c_str(), why.c_str());
+    if (chi_status_t s = curve_.configure(svc_.config(), address_, ipc::is_loopback_host(host)); s != CHI_OK)
       return s;
   } else if (address_.compare(0, 6, "ipc://") != 0) {
     return set_error(CHI_ERR_INVALID, "%s is not an ipc:// or tcp:// address", address_.c_str());
@@ -118,6 +117,15 @@ chi_status_t ZmqListener::bind() {
   int r = zmq_bind(router_, address_.c_str());
   umask(old);
   if (r != 0) return set_error(CHI_ERR_INVALID, "cannot listen on %s: %s", address_.c_str(), zmq_strerror(errno));
+  if (tcp && !curve_.enabled()) {
+    // What libzmq bound, not what the address looked like: without CURVE
+    // only a loopback address may serve.
+    char bound[256] = {0};
+    size_t len = sizeof bound - 1;
+    if (zmq_getsockopt(router_, ZMQ_LAST_ENDPOINT, bound, &len) != 0 || !ipc::is_loopback_endpoint(bound))
+      return set_error(CHI_ERR_CONFIG, "%s bound %s, beyond this host, without CURVE keys: refused",
+                       address_.c_str(), bound[0] ? bound : "an unknown address");
+  }
   if (!tcp && chmod(address_.c_str() + 6, 0600) != 0)
     return set_error(CHI_ERR_PERMISSION, "cannot close %s to others: %s", address_.c_str() + 6, strerror(errno));
   return CHI_OK;
