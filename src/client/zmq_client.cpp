@@ -93,6 +93,12 @@ chi_status_t ZmqClient::open(bool control) {
   for (const auto &o : options)
     if (chi_status_t s = ipc::set_zmq_option(dealer_, o.option, &o.value, sizeof o.value, o.name); s != CHI_OK)
       return s;
+  // A reply part is at most a batch plus one frame: a larger one (a server
+  // posing as the real one) is refused from its header, never allocated.
+  const int64_t max_part = int64_t(ipc::max_message_part(ipc::kMaxFramePayload));
+  if (chi_status_t s = ipc::set_zmq_option(dealer_, ZMQ_MAXMSGSIZE, &max_part, sizeof max_part, "ZMQ_MAXMSGSIZE");
+      s != CHI_OK)
+    return s;
   if (!cfg_.curve_server_key.empty()) {
     if (a.compare(0, 6, "tcp://") != 0)
       return set_error(CHI_ERR_CONFIG, "curve_server_key is for tcp:// addresses, not %s", a.c_str());

@@ -80,6 +80,19 @@ class Service {
   // A task session admitted earlier ends (or could not be served after all).
   void left();
   uint32_t clients() const { return clients_.load(std::memory_order_relaxed); }
+  // Connections a listener holds at once, of every kind (task and control
+  // sessions, and those whose hello has not come yet): server.max_clients
+  // plus room for chimaera-ctl and handshakes.  Beyond it a listener refuses
+  // (shm) or cuts (ZeroMQ) new connections, so that no peer can take the
+  // descriptors every transport shares.
+  uint32_t max_connections() const;
+  // Connections without a hello yet (ZeroMQ: not past the ZMTP/CURVE
+  // handshake either) a listener holds at once; beyond it the oldest goes
+  // (ZeroMQ) or the newcomer is refused (shm).
+  static constexpr uint32_t kMaxPendingConnections = 64;
+  // A peer without a hello after this long is closed (hello_timeout_ms
+  // counts from the end of the ZeroMQ handshake, this from the accept).
+  static constexpr int kHandshakeMs = 5000;
 
   // ---- control requests
   // Answers one request of session `session`: CHI_OK and the reply's bytes,

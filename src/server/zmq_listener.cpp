@@ -86,22 +86,35 @@ chi_status_t ZmqListener::bind() {
   // Heartbeats find a client whose network is gone (one that exits or is
   // killed is seen at once, from its connection): its session and queued
   // tasks are reclaimed after the same 10 s of silence a client allows.
-  const int linger = 2000, hwm = 65536, ivl = 1000, hb_timeout = 10000;
+  // What one connection can make the server hold (docs/server.md, "Threat
+  // model"): MAXMSGSIZE bounds every message part, before the handshake too
+  // (libzmq refuses a larger frame header instead of allocating it); RCVHWM
+  // parts wait unread at most; SNDHWM replies wait for a peer that does not
+  // read (one per task in flight at most for an honest client, whose
+  // results then never drop), and further ones are dropped.  A handshake
+  // must end within HANDSHAKE_IVL.
+  const int linger = 2000, ivl = 1000, hb_timeout = 10000;
+  const int rcvhwm = 256, sndhwm = int(svc_.config().client_slots) + 64;
+  const int64_t max_part = int64_t(ipc::max_message_part(std::max<size_t>(svc_.max_payload(), ipc::kMaxMsgPayload)));
   const struct {
     int option;
     int value;
     const char *name;
   } options[] = {{ZMQ_LINGER, linger, "ZMQ_LINGER"},
-                 {ZMQ_SNDHWM, hwm, "ZMQ_SNDHWM"},
-                 {ZMQ_RCVHWM, hwm, "ZMQ_RCVHWM"},
+                 {ZMQ_SNDHWM, sndhwm, "ZMQ_SNDHWM"},
+                 {ZMQ_RCVHWM, rcvhwm, "ZMQ_RCVHWM"},
                  {ZMQ_HEARTBEAT_IVL, ivl, "ZMQ_HEARTBEAT_IVL"},
-                 {ZMQ_HEARTBEAT_TIMEOUT, hb_timeout, "ZMQ_HEARTBEAT_TIMEOUT"}};
+                 {ZMQ_HEARTBEAT_TIMEOUT, hb_timeout, "ZMQ_HEARTBEAT_TIMEOUT"},
+                 {ZMQ_HANDSHAKE_IVL, Service::kHandshakeMs, "ZMQ_HANDSHAKE_IVL"}};
   for (const auto &o : options)
     if (chi_status_t s = ipc::set_zmq_option(router_, o.option, &o.value, sizeof o.value, o.name); s != CHI_OK)
       return s;
+  if (chi_status_t s = ipc::set_zmq_option(router_, ZMQ_MAXMSGSIZE, &max_part, sizeof max_part, "ZMQ_MAXMSGSIZE");
+      s != CHI_OK)
+    return s;
   if (curve_.enabled())
     if (chi_status_t s = curve_.apply(router_); s != CHI_OK) return s;
-  if (zmq_socket_monitor(router_, "inproc://chimaera-router-monitor", ZMQ_EVENT_DISCONNECTED) != 0)
+  if (zmq_socket_monitor(router_, "inproc://chimaera-router-monitor", ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_ACCEPTED) != 0)
     return set_error(CHI_ERR_INTERNAL, "zmq_socket_monitor: %s", zmq_strerror(errno));
   monitor_ = zmq_socket(ctx_, ZMQ_PAIR);
   if (!monitor_ || zmq_connect(monitor_, "inproc://chimaera-router-monitor") != 0)
@@ -182,6 +195,7 @@ void ZmqListener::io_main() {
     flush_replies();
     if (now_ns() >= next_sweep_ns_) {
       sweep_sessions(-1);
+      expire_pending();
       // Once a second; every 5 ms for a while after a disconnect event
       // (the descriptor it names may close only after the event).
       next_sweep_ns_ = now_ns() + (quick_sweeps_ ? (--quick_sweeps_, 5000000) : 1000000000);
@@ -320,6 +334,7 @@ void ZmqListener::handle_hello(const std::string &identity, int fd, uint64_t id,
   s.fd = fd;
   struct stat st;
   if (fd >= 0 && fstat(fd, &st) == 0) s.ino = uint64_t(st.st_ino);
+  settled(fd, s.ino);
   s.tasks = hello.kind == ipc::kSessionTasks;
   {
     std::lock_guard<std::mutex> lock(sessions_mu_);

@@ -88,6 +88,18 @@ class ZmqListener final : public Listener, public RemoteSink {
   // another connection); `only_fd` >= 0 limits the sweep to one descriptor.
   void sweep_sessions(int only_fd);
   void evict(const std::string &identity, const char *why);
+  // Connections without a session (see zmq_sessions.cpp): a new one, one
+  // that said hello, one that closed, those too old; cut() shuts one down.
+  struct Pending {
+    int fd;
+    uint64_t ino;
+    int64_t since_ns;
+  };
+  void accepted(int fd);
+  void settled(int fd, uint64_t ino);
+  void forget_pending(int fd);
+  void expire_pending();
+  void cut(const Pending &p, const char *why);
   // A task of this client session was answered: its counters move.
   void answered(const std::string &identity);
   void track(Task *t);
@@ -122,6 +134,8 @@ class ZmqListener final : public Listener, public RemoteSink {
   // Replies gathered by reply() until flush_replies(): identity, batch.
   std::vector<std::pair<std::string, std::string>> out_;
   std::unordered_map<std::string, size_t> out_index_;  // identity -> its entry in out_
+  std::vector<Pending> pending_;  // I/O thread: oldest first
+  uint64_t cuts_ = 0;             // connections cut, counted and logged now and then
   uint64_t drops_ = 0;  // replies libzmq refused (peer gone or full), counted and logged
   static constexpr size_t kKeptReplyBytes = 16 * 1024;  // a reply buffer kept between turns
 };

@@ -2,6 +2,7 @@
 // and sent as one part, the sessions swept when their connections go, and
 // the end of it all at stop (zmq_listener.cpp has the requests).
 #include <errno.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -9,6 +10,7 @@
 #include <algorithm>
 
 #include "base/log.h"
+#include "config/config.h"
 #include "core/futex.h"
 #include "ipc/zmq_events.h"
 #include "server/zmq_listener.h"
@@ -80,7 +82,12 @@ void ZmqListener::monitor_events() {
   uint16_t event;
   uint32_t value;
   while (ipc::next_monitor_event(monitor_, &event, &value)) {
+    if (event == ZMQ_EVENT_ACCEPTED) {
+      accepted(int(value));
+      continue;
+    }
     if (event != ZMQ_EVENT_DISCONNECTED) continue;
+    forget_pending(int(value));
     sweep_sessions(int(value));
     quick_sweeps_ = 40;  // a client that left is seen within 5 ms, not at the next 1 s sweep
     next_sweep_ns_ = std::min(next_sweep_ns_, now_ns() + 5000000);
@@ -104,6 +111,69 @@ void ZmqListener::sweep_sessions(int only_fd) {
     }
   }
   for (const std::string &id : gone) evict(id, "connection closed");
+}
+
+// Connections are counted from libzmq's ACCEPTED events (the descriptor is
+// the event's value) until their hello makes a session.  The descriptor is
+// libzmq's: it is only ever shut down (libzmq then sees the end and closes
+// it), and only while it still holds the socket it held at the accept, so a
+// descriptor closed and reused meanwhile is left alone.
+void ZmqListener::accepted(int fd) {
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0) return;
+  size_t sessions;
+  {
+    // Events and messages travel on different pipes: its hello may have
+    // come first.
+    std::lock_guard<std::mutex> lock(sessions_mu_);
+    for (auto &kv : sessions_)
+      if (kv.second.fd == fd && kv.second.ino == uint64_t(st.st_ino)) return;
+    sessions = sessions_.size();
+  }
+  pending_.push_back(Pending{fd, uint64_t(st.st_ino), now_ns()});
+  // Over either bound the oldest connection without a hello goes: a peer
+  // that opens many and stays silent loses its own, and a newcomer that
+  // says hello at once gets in.
+  while (!pending_.empty() && (pending_.size() > Service::kMaxPendingConnections ||
+                               sessions + pending_.size() > svc_.max_connections())) {
+    cut(pending_.front(), "too many connections");
+    pending_.erase(pending_.begin());
+  }
+}
+
+void ZmqListener::settled(int fd, uint64_t ino) {
+  for (size_t i = 0; i < pending_.size(); ++i)
+    if (pending_[i].fd == fd && pending_[i].ino == ino) {
+      pending_.erase(pending_.begin() + long(i));
+      return;
+    }
+}
+
+void ZmqListener::forget_pending(int fd) {
+  for (size_t i = 0; i < pending_.size(); ++i)
+    if (pending_[i].fd == fd) {
+      pending_.erase(pending_.begin() + long(i));
+      return;
+    }
+}
+
+void ZmqListener::expire_pending() {
+  const int64_t limit = (int64_t(svc_.config().hello_timeout_ms) + Service::kHandshakeMs) * 1000000;
+  const int64_t now = now_ns();
+  while (!pending_.empty() && now - pending_.front().since_ns > limit) {
+    cut(pending_.front(), "no hello in time");
+    pending_.erase(pending_.begin());
+  }
+}
+
+void ZmqListener::cut(const Pending &p, const char *why) {
+  struct stat st;
+  if (fstat(p.fd, &st) != 0 || uint64_t(st.st_ino) != p.ino) return;  // gone already
+  shutdown(p.fd, SHUT_RDWR);
+  ++cuts_;
+  if ((cuts_ & (cuts_ - 1)) == 0)  // 1, 2, 4, 8...: never a flood
+    log(LogLevel::kWarn, "%s: closed a connection without a session (%s); %llu so far", address_.c_str(), why,
+        (unsigned long long)cuts_);
 }
 
 void ZmqListener::evict(const std::string &identity, const char *why) {
