@@ -218,4 +218,44 @@ chi_status_t recv_msg(int sock, MsgHeader *hdr, void *payload, uint32_t capacity
   return CHI_OK;
 }
 
+chi_status_t recv_msg_nowait(int sock, std::string *buf, MsgHeader *hdr, uint32_t capacity) {
+  for (;;) {
+    size_t need = sizeof *hdr;
+    if (buf->size() >= sizeof *hdr) {
+      std::memcpy(hdr, buf->data(), sizeof *hdr);
+      if (hdr->magic != kMsgMagic || hdr->kind < kFirstKind || hdr->kind > kLastKind ||
+          hdr->length > kMaxMsgPayload || hdr->length > capacity)
+        return CHI_ERR_PROTOCOL;
+      need += hdr->length;
+    }
+    if (buf->size() >= sizeof *hdr && buf->size() == need) return CHI_OK;
+    const size_t have = buf->size();
+    buf->resize(need);
+    iovec iov{buf->data() + have, need - have};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * 4)];
+    m.msg_control = ctrl;
+    m.msg_controllen = sizeof ctrl;
+    const ssize_t n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    buf->resize(have + (n > 0 ? size_t(n) : 0));
+    if (n > 0) {
+      for (cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        const size_t nfds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < nfds; ++i) {
+          int f;
+          std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+          close(f);
+        }
+      }
+      continue;
+    }
+    if (n == 0) return CHI_ERR_DISCONNECTED;
+    if (errno == EINTR) continue;
+    return errno == EAGAIN || errno == EWOULDBLOCK ? CHI_ERR_AGAIN : CHI_ERR_DISCONNECTED;
+  }
+}
+
 }  // namespace chi::ipc

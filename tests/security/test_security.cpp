@@ -210,11 +210,15 @@ bool raw_recv(int s, chi::ipc::MsgHeader *h, std::string *body, int *fds = nullp
   return h->length == 0 || recv(s, body->data(), h->length, MSG_WAITALL) == ssize_t(h->length);
 }
 
-// Says hello (a task or control session); the welcome's status, or 1 for EOF.
+// Says hello (a task or control session); the welcome's status (a refusal
+// may come before the hello is sent), or 1 for EOF.
 int32_t raw_hello(int s, uint32_t kind, int *fds = nullptr) {
   guard_io(s, 20);
   chi::ipc::Hello hello{chi::ipc::kProtocolVersion, chi_version(), kind, 0};
-  raw_send(s, chi::ipc::Kind::kHello, 0, &hello, sizeof hello);
+  chi::ipc::MsgHeader out{chi::ipc::kMsgMagic, uint16_t(chi::ipc::Kind::kHello), 0, 0, sizeof hello, 0};
+  std::string msg(reinterpret_cast<char *>(&out), sizeof out);
+  msg.append(reinterpret_cast<char *>(&hello), sizeof hello);
+  if (send(s, msg.data(), msg.size(), MSG_NOSIGNAL) < 0 && errno != EPIPE && errno != ECONNRESET) return 1;
   chi::ipc::MsgHeader h;
   std::string body;
   if (!raw_recv(s, &h, &body, fds)) return 1;
