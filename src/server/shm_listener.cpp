@@ -319,10 +319,12 @@ void ShmListener::handshake(int fd, const ipc::MsgHeader &h, const char *buf) {
     w.max_payload = s->layout().max_payload;
     w.segment_size = s->layout().size;
     fds[0] = s->segment_fd();
-    fds[1] = s->doorbell();
+    fds[1] = s->client_doorbell();
     nfds = 2;
   }
-  if (!ipc::send_msg(fd, ipc::Kind::kWelcome, ipc::Op(0), 0, CHI_OK, &w, sizeof w, fds, nfds)) {
+  const bool sent = ipc::send_msg(fd, ipc::Kind::kWelcome, ipc::Op(0), 0, CHI_OK, &w, sizeof w, fds, nfds);
+  s->close_client_doorbell();  // the client holds its end now
+  if (!sent) {
     if (tasks) svc_.left();
     return;
   }
