@@ -153,6 +153,14 @@ chi_status_t ZmqListener::start() {
   if (curve_.enabled())
     if (chi_status_t s = curve_.start(); s != CHI_OK) return s;
   log(LogLevel::kInfo, "serving %s%s", address_.c_str(), curve_.enabled() ? " (CURVE, allow-listed client keys)" : "");
+  // A TCP peer has no uid to check: without CURVE, loopback admits every
+  // local user (docs/server.md, "Threat model").
+  if (address_.compare(0, 6, "tcp://") == 0 && !curve_.enabled())
+    log(LogLevel::kWarn,
+        "%s has no CURVE keys: any local user can connect, run tasks, read status and stop this server; "
+        "for one user's clients use shm:// or ipc://, or set server.curve_key_file and "
+        "server.curve_allowed_keys_file",
+        address_.c_str());
   return CHI_OK;
 }
 
