@@ -326,10 +326,12 @@ void ZmqListener::handle_hello(const std::string &identity, int fd, uint64_t id,
   // ipc:// peers are on this host: the service admits only this user.
   ucred cred{};
   cred.uid = uid_t(-1);
-  const bool local = address_.compare(0, 6, "ipc://") == 0 && fd >= 0;
+  // A peer whose uid cannot be told (no descriptor) is refused, not taken
+  // for a TCP one.
+  const bool local = address_.compare(0, 6, "ipc://") == 0;
   if (local) {
     socklen_t len = sizeof cred;
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) cred.uid = uid_t(-1);
+    if (fd < 0 || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) cred.uid = uid_t(-1);
   }
   ipc::Hello hello{};
   std::string why;
