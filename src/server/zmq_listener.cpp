@@ -114,7 +114,8 @@ chi_status_t ZmqListener::bind() {
     return s;
   if (curve_.enabled())
     if (chi_status_t s = curve_.apply(router_); s != CHI_OK) return s;
-  if (zmq_socket_monitor(router_, "inproc://chimaera-router-monitor", ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_ACCEPTED) != 0)
+  if (zmq_socket_monitor(router_, "inproc://chimaera-router-monitor",
+                         ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_ACCEPT_FAILED) != 0)
     return set_error(CHI_ERR_INTERNAL, "zmq_socket_monitor: %s", zmq_strerror(errno));
   monitor_ = zmq_socket(ctx_, ZMQ_PAIR);
   if (!monitor_ || zmq_connect(monitor_, "inproc://chimaera-router-monitor") != 0)
@@ -130,14 +131,15 @@ chi_status_t ZmqListener::bind() {
   int r = zmq_bind(router_, address_.c_str());
   umask(old);
   if (r != 0) return set_error(CHI_ERR_INVALID, "cannot listen on %s: %s", address_.c_str(), zmq_strerror(errno));
-  if (tcp && !curve_.enabled()) {
-    // What libzmq bound, not what the address looked like: without CURVE
-    // only a loopback address may serve.
+  if (tcp) {
     char bound[256] = {0};
     size_t len = sizeof bound - 1;
-    if (zmq_getsockopt(router_, ZMQ_LAST_ENDPOINT, bound, &len) != 0 || !ipc::is_loopback_endpoint(bound))
+    if (zmq_getsockopt(router_, ZMQ_LAST_ENDPOINT, bound, &len) == 0) bound_ = bound;
+    // What libzmq bound, not what the address looked like: without CURVE
+    // only a loopback address may serve.
+    if (!curve_.enabled() && !ipc::is_loopback_endpoint(bound_))
       return set_error(CHI_ERR_CONFIG, "%s bound %s, beyond this host, without CURVE keys: refused",
-                       address_.c_str(), bound[0] ? bound : "an unknown address");
+                       address_.c_str(), bound_.empty() ? "an unknown address" : bound_.c_str());
   }
   if (!tcp && chmod(address_.c_str() + 6, 0600) != 0)
     return set_error(CHI_ERR_PERMISSION, "cannot close %s to others: %s", address_.c_str() + 6, strerror(errno));
@@ -201,6 +203,7 @@ void ZmqListener::io_main() {
     // ones delay the stop).
     if (svc_.stopping()) cancel_tasks(nullptr);
     flush_replies();
+    if (resume_ns_ && now_ns() >= resume_ns_) resume_listening();
     if (now_ns() >= next_sweep_ns_) {
       sweep_sessions(-1);
       expire_pending();

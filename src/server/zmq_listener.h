@@ -100,6 +100,10 @@ class ZmqListener final : public Listener, public RemoteSink {
   void forget_pending(int fd);
   void expire_pending();
   void cut(const Pending &p, const char *why);
+  // libzmq retries a failed accept at once, forever: out of descriptors, a
+  // tcp:// listener unbinds for kAcceptPauseMs, then binds again.
+  void accept_failed(int error);
+  void resume_listening();
   // A task of this client session was answered: its counters move.
   void answered(const std::string &identity);
   void track(Task *t);
@@ -117,6 +121,9 @@ class ZmqListener final : public Listener, public RemoteSink {
   void *monitor_ = nullptr;
   int wake_fd_ = -1;
   int lock_fd_ = -1;  // ipc://: PATH.lock, held while serving
+  std::string bound_;  // tcp://: the endpoint libzmq bound (ZMQ_LAST_ENDPOINT)
+  int64_t resume_ns_ = 0;  // I/O thread: > 0 while unbound after running out of descriptors
+  uint64_t accept_failures_ = 0;
   std::thread io_;
   std::atomic<bool> quit_{false};
   std::atomic<uint64_t> in_flight_{0};

@@ -86,6 +86,10 @@ void ZmqListener::monitor_events() {
       accepted(int(value));
       continue;
     }
+    if (event == ZMQ_EVENT_ACCEPT_FAILED) {
+      accept_failed(int(value));
+      continue;
+    }
     if (event != ZMQ_EVENT_DISCONNECTED) continue;
     forget_pending(int(value));
     sweep_sessions(int(value));
@@ -164,6 +168,44 @@ void ZmqListener::expire_pending() {
     cut(pending_.front(), "no hello in time");
     pending_.erase(pending_.begin());
   }
+}
+
+namespace {
+constexpr int64_t kAcceptPauseNs = 100 * 1000000;
+}  // namespace
+
+void ZmqListener::accept_failed(int error) {
+  if (error != EMFILE && error != ENFILE && error != ENOBUFS && error != ENOMEM) return;
+  ++accept_failures_;
+  // The oldest silent connections go first: often that frees enough.
+  for (int k = 0; k < 4 && !pending_.empty(); ++k) {
+    cut(pending_.front(), "out of descriptors");
+    pending_.erase(pending_.begin());
+  }
+  // An ipc:// path stays bound (unbinding would hand the path to whoever
+  // binds it next); its peers are this user's processes.
+  if (resume_ns_ || bound_.empty()) return;
+  if (zmq_unbind(router_, bound_.c_str()) != 0) {
+    log(LogLevel::kWarn, "%s: zmq_unbind: %s", address_.c_str(), zmq_strerror(errno));
+    return;
+  }
+  resume_ns_ = now_ns() + kAcceptPauseNs;
+  if ((accept_failures_ & (accept_failures_ - 1)) == 0)
+    log(LogLevel::kWarn, "%s: accept: %s: not accepting for %lld ms (%llu time(s) so far)", address_.c_str(),
+        zmq_strerror(error), (long long)(kAcceptPauseNs / 1000000), (unsigned long long)accept_failures_);
+}
+
+void ZmqListener::resume_listening() {
+  if (zmq_bind(router_, bound_.c_str()) == 0) {
+    resume_ns_ = 0;
+    return;
+  }
+  // Still out of descriptors (or the port taken meanwhile): try again later.
+  resume_ns_ = now_ns() + kAcceptPauseNs;
+  ++accept_failures_;
+  if ((accept_failures_ & (accept_failures_ - 1)) == 0)
+    log(LogLevel::kWarn, "%s: cannot listen again yet: %s (%llu time(s) so far)", address_.c_str(),
+        zmq_strerror(errno), (unsigned long long)accept_failures_);
 }
 
 void ZmqListener::cut(const Pending &p, const char *why) {

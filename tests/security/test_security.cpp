@@ -571,6 +571,55 @@ void test_descriptor_exhaustion(void **) {
   assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+// CPU ticks (user + system) a process has used so far.
+long cpu_ticks(pid_t pid) {
+  FILE *f = fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (!f) return -1;
+  char buf[2048];
+  const size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *p = strrchr(buf, ')');
+  long utime = 0, stime = 0;
+  if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %ld %ld", &utime, &stime) != 2) return -1;
+  return utime + stime;
+}
+
+// C1: the same over tcp://: libzmq retries a failed accept at once, so the
+// listener unbinds for a while, and listens again once descriptors free.
+void test_descriptor_exhaustion_tcp(void **) {
+  const std::string address = "tcp://127.0.0.1:" + std::to_string(next_port());
+  const std::string log = g_dir + "/fds-tcp.log";
+  const pid_t child = spawn_child({g_self, "child-server", address, "64"}, log);
+  for (int i = 0; i < 2000 && chi_server_query(address.c_str(), "ping", nullptr, 0, nullptr) != CHI_OK; ++i)
+    usleep(10000);
+  assert_status(CHI_OK, chi_server_query(address.c_str(), "ping", nullptr, 0, nullptr));
+  std::vector<int> socks;
+  for (int i = 0; i < 100; ++i) {
+    const int k = tcp_connect(port_of(address));
+    if (k >= 0) socks.push_back(k);
+  }
+  const long before = cpu_ticks(child);
+  usleep(500000);
+  print_message("server CPU ticks over the window out of descriptors: %ld\n", cpu_ticks(child) - before);
+  const int paused = count_lines(log, "not accepting"), lines = count_lines(log, "accept");
+  print_message("%d pause line(s), %d accept line(s) in the log\n", paused, lines);
+  assert_true(paused >= 1);
+  assert_true(lines < 50);
+  close_all(socks);
+  int ok = 0;
+  for (int i = 0; i < 500 && !ok; ++i) {
+    ok = chi_server_query(address.c_str(), "ping", nullptr, 0, nullptr) == CHI_OK;
+    if (!ok) usleep(10000);
+  }
+  assert_true(ok);
+  honest_round_trips(address, 10);
+  kill(child, SIGTERM);
+  int status = 0;
+  assert_int_equal(waitpid(child, &status, 0), child);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 // C4: a tcp:// listener without CURVE says at start that any local user can
 // connect.
 void test_loopback_warning(void **) {
@@ -735,6 +784,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_connection_cap_shm),
       cmocka_unit_test(test_slow_senders),
       cmocka_unit_test(test_descriptor_exhaustion),
+      cmocka_unit_test(test_descriptor_exhaustion_tcp),
       cmocka_unit_test(test_loopback_warning),
   };
   const struct CMUnitTest root_tests[] = {
