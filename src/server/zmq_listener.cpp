@@ -1,6 +1,7 @@
 #include "server/zmq_listener.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -141,7 +142,9 @@ chi_status_t ZmqListener::bind() {
       return set_error(CHI_ERR_CONFIG, "%s bound %s, beyond this host, without CURVE keys: refused",
                        address_.c_str(), bound_.empty() ? "an unknown address" : bound_.c_str());
   }
-  if (!tcp && chmod(address_.c_str() + 6, 0600) != 0)
+  // umask made it 0600 already; this says so for sure, and never through a
+  // symlink that replaced the socket in a folder others can write.
+  if (!tcp && fchmodat(AT_FDCWD, address_.c_str() + 6, 0600, AT_SYMLINK_NOFOLLOW) != 0)
     return set_error(CHI_ERR_PERMISSION, "cannot close %s to others: %s", address_.c_str() + 6, strerror(errno));
   return CHI_OK;
 }
