@@ -200,6 +200,7 @@ void ZmqListener::io_main() {
     if (items[1].revents & ZMQ_POLLIN) drain_fd(wake_fd_);
     if (items[2].revents & ZMQ_POLLIN) monitor_events();
     if (items[0].revents & ZMQ_POLLIN) receive();
+    enforce_connection_caps();
     if (!gpu_.empty()) gpu_.reap();
     send_completions();
     // Stopping: tasks taken but not started are answered now (only running

@@ -96,6 +96,8 @@ class ZmqListener final : public Listener, public RemoteSink {
     int64_t since_ns;
   };
   void accepted(int fd);
+  void enforce_connection_caps();
+  static constexpr int64_t kPendingGraceNs = 250 * 1000000;
   void settled(int fd, uint64_t ino);
   void forget_pending(int fd);
   void expire_pending();

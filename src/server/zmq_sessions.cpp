@@ -125,23 +125,42 @@ void ZmqListener::sweep_sessions(int only_fd) {
 void ZmqListener::accepted(int fd) {
   struct stat st;
   if (fd < 0 || fstat(fd, &st) != 0) return;
-  size_t sessions;
   {
     // Events and messages travel on different pipes: its hello may have
     // come first.
     std::lock_guard<std::mutex> lock(sessions_mu_);
     for (auto &kv : sessions_)
       if (kv.second.fd == fd && kv.second.ino == uint64_t(st.st_ino)) return;
-    sessions = sessions_.size();
   }
   pending_.push_back(Pending{fd, uint64_t(st.st_ino), now_ns()});
-  // Over either bound the oldest connection without a hello goes: a peer
-  // that opens many and stays silent loses its own, and a newcomer that
-  // says hello at once gets in.
-  while (!pending_.empty() && (pending_.size() > Service::kMaxPendingConnections ||
-                               sessions + pending_.size() > svc_.max_connections())) {
-    cut(pending_.front(), "too many connections");
-    pending_.erase(pending_.begin());
+}
+
+// Called after the turn's messages were read, so that hellos already queued
+// settle their connections first.  Over either bound, the oldest connection
+// without a hello goes once it had kPendingGraceNs to say it: a peer that
+// opens many and stays silent loses its own, a newcomer that says hello at
+// once gets in, and a burst of honest clients (a job's ranks starting
+// together) is not cut while its handshakes run.  Only beyond
+// max_connections in all is the newest refused at once.
+void ZmqListener::enforce_connection_caps() {
+  if (pending_.empty()) return;
+  size_t sessions;
+  {
+    std::lock_guard<std::mutex> lock(sessions_mu_);
+    sessions = sessions_.size();
+  }
+  const int64_t now = now_ns();
+  const size_t max_pending = Service::kMaxPendingConnections, max_all = svc_.max_connections();
+  while (!pending_.empty() && (pending_.size() > max_pending || sessions + pending_.size() > max_all)) {
+    if (now - pending_.front().since_ns >= kPendingGraceNs) {
+      cut(pending_.front(), "too many connections");
+      pending_.erase(pending_.begin());
+    } else if (sessions + pending_.size() > max_all) {
+      cut(pending_.back(), "too many connections");
+      pending_.pop_back();
+    } else {
+      break;
+    }
   }
 }
 

@@ -338,6 +338,31 @@ void idle_connections(const std::string &transport) {
   assert_status(CHI_OK, chi_finalize(s.rt));
 }
 void test_idle_connections_tcp(void **) { idle_connections("tcp"); }
+
+// The caps do not cut honest clients that connect together (a job's ranks):
+// more of them than may be without a hello at once.
+void test_connection_burst_tcp(void **) {
+  Server s = start_server("tcp");
+  const int n = int(chi_test_scaled(80));
+  std::atomic<int> ready{0}, ok{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i)
+    threads.emplace_back([&] {
+      ready.fetch_add(1);
+      while (ready.load() < n) usleep(100);
+      chi_runtime_t *c = nullptr;
+      if (try_client(s.address, &c) == CHI_OK) {
+        ok.fetch_add(1);
+        chi_finalize(c);
+      } else {
+        fprintf(stderr, "burst client: %s\n", chi_last_error_message());
+      }
+    });
+  for (auto &t : threads) t.join();
+  print_message("%d of %d clients connecting together got in\n", ok.load(), n);
+  assert_int_equal(ok.load(), n);
+  assert_status(CHI_OK, chi_finalize(s.rt));
+}
 void test_idle_connections_ipc(void **) { idle_connections("ipc"); }
 
 // C2: libzmq reads tcp://SRC;DST as "bind DST": such an address must not pass
@@ -777,6 +802,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_oversized_frame),
       cmocka_unit_test(test_idle_connections_tcp),
       cmocka_unit_test(test_idle_connections_ipc),
+      cmocka_unit_test(test_connection_burst_tcp),
       cmocka_unit_test(test_source_address_form),
       cmocka_unit_test(test_query_reply_size),
       cmocka_unit_test(test_keygen_symlink),
