@@ -136,7 +136,9 @@ void ShmListener::control_main() {
       }
     }
     expire_pending();
-    if (accept_paused_ && listening && now_ns() >= accept_resume_ns_) resume_accepting();
+    if (accept_paused_ && listening && now_ns() >= accept_resume_ns_ &&
+        pending_.size() < Service::kMaxPendingConnections)
+      resume_accepting();
     if (listening && svc_.stopping()) {
       stop_listening();  // no new clients once stopping; the socket file goes now
       listening = false;
@@ -163,6 +165,14 @@ void ShmListener::stop_listening() {
 
 void ShmListener::accept_clients() {
   for (;;) {
+    if (pending_.size() >= Service::kMaxPendingConnections) {
+      // Enough connections wait for their hello: the next ones wait in the
+      // kernel's backlog until some of these end (hello or timeout), so a
+      // burst of honest clients is served in turn, not refused.
+      pause_accepting();
+      accept_resume_ns_ = 0;
+      return;
+    }
     int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR) continue;
@@ -185,11 +195,10 @@ void ShmListener::accept_clients() {
       std::lock_guard<std::mutex> lock(sessions_mu_);
       sessions = sessions_.size();
     }
-    if (pending_.size() >= Service::kMaxPendingConnections || sessions + pending_.size() >= svc_.max_connections()) {
+    if (sessions + pending_.size() >= svc_.max_connections()) {
       const std::string why = "the server holds " + std::to_string(sessions + pending_.size()) +
                               " connections (server.max_clients + " +
-                              std::to_string(Service::kMaxPendingConnections) + ", at most " +
-                              std::to_string(Service::kMaxPendingConnections) + " before their hello)";
+                              std::to_string(Service::kMaxPendingConnections) + ")";
       if (worth_logging(++refusals_))
         log(LogLevel::kWarn, "%s: refused a connection: %s (%llu refused so far)", shown_.c_str(), why.c_str(),
             (unsigned long long)refusals_);

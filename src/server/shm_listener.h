@@ -48,7 +48,8 @@ class ShmListener final : public Listener {
   void control_main();
   void accept_clients();
   // Takes the listening socket out of the epoll set for a while (out of
-  // descriptors: accepting again at once would only fail again), and back.
+  // descriptors: accepting again at once would only fail again; or enough
+  // connections wait for their hello), and back.
   void pause_accepting();
   void resume_accepting();
   // Reads what came on a pending connection (tag: its PendingHello);

@@ -341,8 +341,8 @@ void test_idle_connections_tcp(void **) { idle_connections("tcp"); }
 
 // The caps do not cut honest clients that connect together (a job's ranks):
 // more of them than may be without a hello at once.
-void test_connection_burst_tcp(void **) {
-  Server s = start_server("tcp");
+void connection_burst(const std::string &transport) {
+  Server s = start_server(transport);
   const int n = int(chi_test_scaled(80));
   std::atomic<int> ready{0}, ok{0};
   std::vector<std::thread> threads;
@@ -363,6 +363,8 @@ void test_connection_burst_tcp(void **) {
   assert_int_equal(ok.load(), n);
   assert_status(CHI_OK, chi_finalize(s.rt));
 }
+void test_connection_burst_tcp(void **) { connection_burst("tcp"); }
+void test_connection_burst_shm(void **) { connection_burst("shm"); }
 void test_idle_connections_ipc(void **) { idle_connections("ipc"); }
 
 // C2: libzmq reads tcp://SRC;DST as "bind DST": such an address must not pass
@@ -803,6 +805,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_idle_connections_tcp),
       cmocka_unit_test(test_idle_connections_ipc),
       cmocka_unit_test(test_connection_burst_tcp),
+      cmocka_unit_test(test_connection_burst_shm),
       cmocka_unit_test(test_source_address_form),
       cmocka_unit_test(test_query_reply_size),
       cmocka_unit_test(test_keygen_symlink),
