@@ -426,6 +426,68 @@ void test_query_reply_size(void **) {
   assert_int_equal(small[64], 'x');
 }
 
+// C5: status has one bound on every transport: with more clients than fit in
+// 64 KiB (1000 ZeroMQ task sessions), the reply says how many it left out
+// instead of growing past what a shm reply holds (or being cut mid-JSON).
+void test_status_bound(void **) {
+  rlimit rl;
+  assert_int_equal(getrlimit(RLIMIT_NOFILE, &rl), 0);
+  if (rl.rlim_max < 4096) {
+    print_message("RLIMIT_NOFILE hard limit %llu: too low for 1000 sessions in one process\n",
+                  (unsigned long long)rl.rlim_max);
+    return skip();
+  }
+  const rlim_t old_soft = rl.rlim_cur;
+  rl.rlim_cur = rl.rlim_max;
+  assert_int_equal(setrlimit(RLIMIT_NOFILE, &rl), 0);
+  Server s = start_server("ipc");
+  void *ctx = zmq_ctx_new();
+  const int n = 1000;
+  std::vector<void *> dealers;
+  chi::ipc::Hello hello{chi::ipc::kProtocolVersion, chi_version(), chi::ipc::kSessionTasks, 0};
+  chi::ipc::Frame f;
+  f.kind = chi::ipc::Kind::kHello;
+  f.id = 1;
+  f.payload = reinterpret_cast<const uint8_t *>(&hello);
+  f.size = sizeof hello;
+  std::string frame;
+  chi::ipc::encode_frame(f, &frame);
+  for (int i = 0; i < n; ++i) {
+    void *d = zmq_socket(ctx, ZMQ_DEALER);
+    const int linger = 0;
+    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof linger);
+    assert_int_equal(zmq_connect(d, s.address.c_str()), 0);
+    assert_true(zmq_send(d, frame.data(), frame.size(), 0) >= 0);
+    dealers.push_back(d);
+  }
+  int welcomed = 0;
+  for (void *d : dealers) {
+    zmq_pollitem_t item{d, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&item, 1, 20000) != 1) break;  // hang guard
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, d, 0) >= 0) ++welcomed;
+    zmq_msg_close(&m);
+  }
+  assert_int_equal(welcomed, n);
+  std::vector<char> reply(1 << 20, 0);
+  size_t size = 0;
+  assert_status(CHI_OK, chi_server_query(s.address.c_str(), "status-json", reply.data(), reply.size(), &size));
+  print_message("status-json with %d clients: %zu bytes\n", n, size);
+  assert_true(size <= chi::ipc::kMaxMsgPayload);
+  assert_non_null(strstr(reply.data(), "\"clients_omitted\":"));
+  assert_null(strstr(reply.data(), "\"clients_omitted\":0,"));
+  assert_string_equal(reply.data() + size - 2, "}\n");
+  assert_status(CHI_OK, chi_server_query(s.address.c_str(), "status", reply.data(), reply.size(), &size));
+  assert_true(size <= chi::ipc::kMaxMsgPayload);
+  assert_non_null(strstr(reply.data(), "more client(s)"));
+  for (void *d : dealers) zmq_close(d);
+  zmq_ctx_term(ctx);
+  assert_status(CHI_OK, chi_finalize(s.rt));
+  rl.rlim_cur = old_soft;
+  setrlimit(RLIMIT_NOFILE, &rl);
+}
+
 // C10: keygen never writes through a symlink or into a file that exists.
 void test_keygen_symlink(void **) {
   const std::string victim = g_dir + "/precious.txt", prefix = g_dir + "/jobkey";
@@ -808,6 +870,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_connection_burst_shm),
       cmocka_unit_test(test_source_address_form),
       cmocka_unit_test(test_query_reply_size),
+      cmocka_unit_test(test_status_bound),
       cmocka_unit_test(test_keygen_symlink),
       cmocka_unit_test(test_doorbell_made_blocking),
       cmocka_unit_test(test_connection_cap_shm),
