@@ -86,9 +86,9 @@ class Service {
   // (shm) or cuts (ZeroMQ) new connections, so that no peer can take the
   // descriptors every transport shares.
   uint32_t max_connections() const;
-  // Connections without a hello yet (ZeroMQ: not past the ZMTP/CURVE
-  // handshake either) a listener holds at once; beyond it the oldest goes
-  // (ZeroMQ) or the newcomer is refused (shm).
+  // Connections without a hello yet the shm listener holds at once; beyond
+  // it, it accepts no more until one ends (the kernel's backlog holds them).
+  // Also the room max_connections() leaves beside max_clients.
   static constexpr uint32_t kMaxPendingConnections = 64;
   // A peer without a hello after this long is closed (hello_timeout_ms
   // counts from the end of the ZeroMQ handshake, this from the accept).

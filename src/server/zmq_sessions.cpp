@@ -136,12 +136,14 @@ void ZmqListener::accepted(int fd) {
 }
 
 // Called after the turn's messages were read, so that hellos already queued
-// settle their connections first.  Over either bound, the oldest connection
-// without a hello goes once it had kPendingGraceNs to say it: a peer that
-// opens many and stays silent loses its own, a newcomer that says hello at
-// once gets in, and a burst of honest clients (a job's ranks starting
-// together) is not cut while its handshakes run.  Only beyond
-// max_connections in all is the newest refused at once.
+// settle their connections first.  Beyond max_connections in all, the oldest
+// connection without a hello goes once it had kPendingGraceNs to say it
+// (else the newest): a peer that opens many and stays silent loses its own,
+// and a newcomer that says hello at once gets in.  Below that bound nothing
+// is cut before its time (hello_timeout_ms after the handshake): a job's
+// ranks connecting together under load must all get in, and a ZeroMQ client
+// does not reconnect.  Each waiting connection holds at most one message
+// part (ZMQ_MAXMSGSIZE).
 void ZmqListener::enforce_connection_caps() {
   if (pending_.empty()) return;
   size_t sessions;
@@ -150,16 +152,14 @@ void ZmqListener::enforce_connection_caps() {
     sessions = sessions_.size();
   }
   const int64_t now = now_ns();
-  const size_t max_pending = Service::kMaxPendingConnections, max_all = svc_.max_connections();
-  while (!pending_.empty() && (pending_.size() > max_pending || sessions + pending_.size() > max_all)) {
+  const size_t max_all = svc_.max_connections();
+  while (!pending_.empty() && sessions + pending_.size() > max_all) {
     if (now - pending_.front().since_ns >= kPendingGraceNs) {
       cut(pending_.front(), "too many connections");
       pending_.erase(pending_.begin());
-    } else if (sessions + pending_.size() > max_all) {
+    } else {
       cut(pending_.back(), "too many connections");
       pending_.pop_back();
-    } else {
-      break;
     }
   }
 }
@@ -196,7 +196,8 @@ constexpr int64_t kAcceptPauseNs = 100 * 1000000;
 void ZmqListener::accept_failed(int error) {
   if (error != EMFILE && error != ENFILE && error != ENOBUFS && error != ENOMEM) return;
   ++accept_failures_;
-  // The oldest silent connections go first: often that frees enough.
+  // The oldest silent connections go first: often that frees enough.  (Their
+  // clients see the connection end; that is the price of running out.)
   for (int k = 0; k < 4 && !pending_.empty(); ++k) {
     cut(pending_.front(), "out of descriptors");
     pending_.erase(pending_.begin());

@@ -321,7 +321,8 @@ void test_oversized_frame(void **) {
 }
 
 // C1: idle connections that never finish their handshake or say hello are
-// closed (the oldest first beyond a cap), and an honest client still gets in.
+// closed (at once beyond max_clients + 64 in all, the rest when their
+// handshake or hello is overdue), and an honest client still gets in.
 void idle_connections(const std::string &transport) {
   Server s = start_server(transport, "workers: 2\nserver:\n  max_clients: 4\n");
   std::vector<int> socks;
