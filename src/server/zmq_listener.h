@@ -125,7 +125,8 @@ class ZmqListener final : public Listener, public RemoteSink {
   int lock_fd_ = -1;  // ipc://: PATH.lock, held while serving
   std::string bound_;  // tcp://: the endpoint libzmq bound (ZMQ_LAST_ENDPOINT)
   int64_t resume_ns_ = 0;  // I/O thread: > 0 while unbound after running out of descriptors
-  uint64_t accept_failures_ = 0;
+  int64_t accept_quiet_ns_ = 0;  // I/O thread: failures before this are part of the last pause
+  uint64_t accept_failures_ = 0, rebind_failures_ = 0;
   std::thread io_;
   std::atomic<bool> quit_{false};
   std::atomic<uint64_t> in_flight_{0};

@@ -195,7 +195,14 @@ constexpr int64_t kAcceptPauseNs = 100 * 1000000;
 
 void ZmqListener::accept_failed(int error) {
   if (error != EMFILE && error != ENFILE && error != ENOBUFS && error != ENOMEM) return;
+  // One response per pause, however many failures libzmq reported meanwhile.
+  const int64_t now = now_ns();
+  if (now < accept_quiet_ns_) return;
+  accept_quiet_ns_ = now + kAcceptPauseNs;
   ++accept_failures_;
+  if ((accept_failures_ & (accept_failures_ - 1)) == 0)
+    log(LogLevel::kWarn, "%s: accept: %s: not accepting for %lld ms (%llu time(s) so far)", address_.c_str(),
+        zmq_strerror(error), (long long)(kAcceptPauseNs / 1000000), (unsigned long long)accept_failures_);
   // The oldest silent connections go first: often that frees enough.  (Their
   // clients see the connection end; that is the price of running out.)
   for (int k = 0; k < 4 && !pending_.empty(); ++k) {
@@ -209,10 +216,7 @@ void ZmqListener::accept_failed(int error) {
     log(LogLevel::kWarn, "%s: zmq_unbind: %s", address_.c_str(), zmq_strerror(errno));
     return;
   }
-  resume_ns_ = now_ns() + kAcceptPauseNs;
-  if ((accept_failures_ & (accept_failures_ - 1)) == 0)
-    log(LogLevel::kWarn, "%s: accept: %s: not accepting for %lld ms (%llu time(s) so far)", address_.c_str(),
-        zmq_strerror(error), (long long)(kAcceptPauseNs / 1000000), (unsigned long long)accept_failures_);
+  resume_ns_ = accept_quiet_ns_;
 }
 
 void ZmqListener::resume_listening() {
@@ -222,10 +226,10 @@ void ZmqListener::resume_listening() {
   }
   // Still out of descriptors (or the port taken meanwhile): try again later.
   resume_ns_ = now_ns() + kAcceptPauseNs;
-  ++accept_failures_;
-  if ((accept_failures_ & (accept_failures_ - 1)) == 0)
+  ++rebind_failures_;
+  if ((rebind_failures_ & (rebind_failures_ - 1)) == 0)
     log(LogLevel::kWarn, "%s: cannot listen again yet: %s (%llu time(s) so far)", address_.c_str(),
-        zmq_strerror(errno), (unsigned long long)accept_failures_);
+        zmq_strerror(errno), (unsigned long long)rebind_failures_);
 }
 
 void ZmqListener::cut(const Pending &p, const char *why) {
