@@ -292,6 +292,12 @@ bool ZmqListener::handle_frame(const std::string &identity, int fd, const ipc::F
     auto it = sessions_.find(identity);
     s = it == sessions_.end() ? nullptr : &it->second;
   }
+  if (s && fd >= 0 && s->fd >= 0 && fd != s->fd) {
+    // A routing id can be chosen by the peer: a gone client's, back on
+    // another connection, must not carry on its session.
+    drop_session_of_other_connection(identity);
+    s = nullptr;
+  }
   if (!s) {
     // No hello first (or a session we dropped): the peer must connect again.
     log(LogLevel::kInfo, "%s: a frame (kind %u) from a connection with no session: closed", address_.c_str(),
@@ -323,13 +329,19 @@ bool ZmqListener::handle_frame(const std::string &identity, int fd, const ipc::F
 }
 
 void ZmqListener::handle_hello(const std::string &identity, int fd, uint64_t id, const uint8_t *p, uint32_t n) {
+  bool other_connection = false;
   {
     std::lock_guard<std::mutex> lock(sessions_mu_);
-    if (sessions_.count(identity)) {
-      reply(identity, ipc::Kind::kGone, 0, CHI_ERR_PROTOCOL, "hello twice", 11);
-      return;
+    auto it = sessions_.find(identity);
+    if (it != sessions_.end()) {
+      other_connection = fd >= 0 && it->second.fd >= 0 && fd != it->second.fd;
+      if (!other_connection) {
+        reply(identity, ipc::Kind::kGone, 0, CHI_ERR_PROTOCOL, "hello twice", 11);
+        return;
+      }
     }
   }
+  if (other_connection) drop_session_of_other_connection(identity);
   // ipc:// peers are on this host: the service admits only this user.
   ucred cred{};
   cred.uid = uid_t(-1);

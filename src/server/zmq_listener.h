@@ -88,6 +88,8 @@ class ZmqListener final : public Listener, public RemoteSink {
   // another connection); `only_fd` >= 0 limits the sweep to one descriptor.
   void sweep_sessions(int only_fd);
   void evict(const std::string &identity, const char *why);
+  // A frame under a session's routing id came on another connection.
+  void drop_session_of_other_connection(const std::string &identity);
   // Connections without a session (see zmq_sessions.cpp): a new one, one
   // that said hello, one that closed, those too old; cut() shuts one down.
   struct Pending {

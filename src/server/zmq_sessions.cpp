@@ -35,6 +35,7 @@ void ZmqListener::rows(std::vector<ClientRow> *out) {
 
 void ZmqListener::reply(const std::string &identity, ipc::Kind kind, uint64_t id, int32_t status, const void *p,
                         size_t n) {
+  if (identity.empty()) return;  // a task of a session that went (evict): answers no one
   ipc::Frame f;
   f.kind = kind;
   f.id = id;
@@ -242,6 +243,13 @@ void ZmqListener::cut(const Pending &p, const char *why) {
         (unsigned long long)cuts_);
 }
 
+void ZmqListener::drop_session_of_other_connection(const std::string &identity) {
+  // Replies gathered for the old session this turn go nowhere either.
+  auto it = out_index_.find(identity);
+  if (it != out_index_.end()) out_[it->second].second.clear();
+  evict(identity, "its routing id came back on another connection");
+}
+
 void ZmqListener::evict(const std::string &identity, const char *why) {
   uint32_t id = 0;
   bool tasks = false;
@@ -257,8 +265,12 @@ void ZmqListener::evict(const std::string &identity, const char *why) {
   svc_.session_ended(id);  // outside the lock: it may upload the GPUs' region tables
   if (!tasks) return;
   // Its tasks that no worker started are dropped now; those that run finish
-  // and their replies to a gone peer are dropped.
+  // and their replies go to no one: the routing id may come back as another
+  // peer's (a peer may choose its own), which must not get them.
   const uint32_t dropped = cancel_tasks(&identity);
+  if (queued_.next)
+    for (Task *t = queued_.next; t != &queued_; t = t->next)
+      if (t->identity == identity) t->identity.clear();
   log(LogLevel::kInfo, "%s: client %u gone: %s; %u queued task(s) cancelled", address_.c_str(), id, why, dropped);
 }
 

@@ -286,6 +286,65 @@ void fake_server_main(FakeServer *fs, bool open_socket) {
   zmq_ctx_term(ctx);
 }
 
+std::atomic<int> g_sleeps_started{0};
+
+// A handler that sleeps for the number of microseconds in its input.
+chi_status_t sleep_handler(chi_request_t *req, void *) {
+  g_sleeps_started.fetch_add(1);
+  uint64_t us = 0;
+  if (req->input_size >= sizeof us) memcpy(&us, req->input, sizeof us);
+  usleep(useconds_t(us));
+  req->output_size = 0;
+  return CHI_OK;
+}
+
+// A raw DEALER: its routing id, one frame out, frames in.
+void *raw_dealer(void *ctx, const std::string &address, const std::string &routing_id) {
+  void *d = zmq_socket(ctx, ZMQ_DEALER);
+  const int linger = 0;
+  zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof linger);
+  assert_int_equal(zmq_setsockopt(d, ZMQ_ROUTING_ID, routing_id.data(), routing_id.size()), 0);
+  assert_int_equal(zmq_connect(d, address.c_str()), 0);
+  return d;
+}
+
+void raw_frame(void *d, chi::ipc::Kind kind, uint64_t id, uint32_t method, const void *p, uint32_t n) {
+  chi::ipc::Frame f;
+  f.kind = kind;
+  f.id = id;
+  f.method = method;
+  f.route = CHI_ROUTE_CPU;
+  f.payload = static_cast<const uint8_t *>(p);
+  f.size = n;
+  std::string out;
+  chi::ipc::encode_frame(f, &out);
+  assert_true(zmq_send(d, out.data(), out.size(), 0) >= 0);
+}
+
+// Counts the frames of `kind` that arrive within a hang guard of guard_ms.
+int raw_count(void *d, chi::ipc::Kind kind, int guard_ms, int32_t *status = nullptr) {
+  int n = 0;
+  for (const int64_t end = now_ms() + guard_ms; now_ms() < end;) {
+    zmq_pollitem_t item{d, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&item, 1, 50) <= 0) continue;
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, d, 0) >= 0) {
+      std::string why;
+      chi::ipc::for_each_frame(static_cast<const uint8_t *>(zmq_msg_data(&m)), zmq_msg_size(&m), &why,
+                               [&](const chi::ipc::Frame &f, size_t) {
+                                 if (f.kind == kind) {
+                                   ++n;
+                                   if (status) *status = f.status;
+                                 }
+                                 return true;
+                               });
+    }
+    zmq_msg_close(&m);
+  }
+  return n;
+}
+
 /* ------------------------------------------------------------------ tests */
 
 // C1: a peer that declares a huge frame before any handshake is cut off
@@ -367,6 +426,37 @@ void connection_burst(const std::string &transport) {
 void test_connection_burst_tcp(void **) { connection_burst("tcp"); }
 void test_connection_burst_shm(void **) { connection_burst("shm"); }
 void test_idle_connections_ipc(void **) { idle_connections("ipc"); }
+
+// S3: a peer that takes a gone client's routing id (a peer may choose its
+// own) gets none of that client's results, nor its session.
+void test_routing_id_reuse(void **) {
+  Server s = start_server("ipc");
+  chi_method_t sleep_method;
+  assert_status(CHI_OK, chi_register_handler(s.rt, "test.sleep", sleep_handler, nullptr, &sleep_method));
+  void *ctx = zmq_ctx_new();
+  chi::ipc::Hello hello{chi::ipc::kProtocolVersion, chi_version(), chi::ipc::kSessionTasks, 0};
+  void *a = raw_dealer(ctx, s.address, "same-id");
+  raw_frame(a, chi::ipc::Kind::kHello, 1, 0, &hello, sizeof hello);
+  int32_t st = -1;
+  assert_int_equal(raw_count(a, chi::ipc::Kind::kWelcome, 1000, &st), 1);
+  assert_int_equal(st, CHI_OK);
+  const int before = g_sleeps_started.load();
+  const uint64_t us = 400000;
+  raw_frame(a, chi::ipc::Kind::kSubmit, 7, sleep_method, &us, sizeof us);
+  for (int i = 0; i < 2000 && g_sleeps_started.load() == before; ++i) usleep(1000);
+  assert_int_equal(g_sleeps_started.load(), before + 1);  // running: cannot be cancelled
+  zmq_close(a);
+  usleep(50000);  // the server sees A go (its result is still to come)
+  void *b = raw_dealer(ctx, s.address, "same-id");
+  raw_frame(b, chi::ipc::Kind::kHello, 1, 0, &hello, sizeof hello);
+  // Past the end of A's task: B must see its welcome and none of A's results.
+  const int results = raw_count(b, chi::ipc::Kind::kResult, 1500);
+  print_message("results of the gone client delivered to the new holder of its routing id: %d\n", results);
+  assert_int_equal(results, 0);
+  zmq_close(b);
+  zmq_ctx_term(ctx);
+  assert_status(CHI_OK, chi_finalize(s.rt));
+}
 
 // C2: libzmq reads tcp://SRC;DST as "bind DST": such an address must not pass
 // as loopback (nor as an address at all).
@@ -869,6 +959,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_idle_connections_ipc),
       cmocka_unit_test(test_connection_burst_tcp),
       cmocka_unit_test(test_connection_burst_shm),
+      cmocka_unit_test(test_routing_id_reuse),
       cmocka_unit_test(test_source_address_form),
       cmocka_unit_test(test_query_reply_size),
       cmocka_unit_test(test_status_bound),
