@@ -117,9 +117,13 @@ void context(chi_runtime_t *c, Ring *r) {
   assert_true(r->l.slots <= (1u << 14));
 }
 
+// ipc:// sockets live in a folder of this process's own, not in /tmp itself,
+// where another user could bind the path first.
+std::string g_ipc_dir;
+
 std::vector<std::string> addresses(const char *what) {
   const std::string n = std::string(what) + "-" + std::to_string(getpid());
-  return {"shm://relay-" + n, "ipc:///tmp/chi-relay-" + n + ".ipc",
+  return {"shm://relay-" + n, "ipc://" + g_ipc_dir + "/relay-" + n + ".ipc",
           "tcp://127.0.0.1:" + std::to_string(23000 + (getpid() % 500) * 4 + (what[0] & 3))};
 }
 
@@ -270,9 +274,14 @@ int main(int argc, char **argv) {
   g_self = self;
   if (argc == 4 && !strcmp(argv[1], "server-child")) return server_child(argv[2], atoi(argv[3]));
   setenv("CHI_RELAY_HOST_MEMORY", "1", 1);
+  char dir[] = "/tmp/chi-relay-XXXXXX";
+  if (!mkdtemp(dir)) return 1;
+  g_ipc_dir = dir;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_routes),
       cmocka_unit_test(test_server_death),
   };
-  return cmocka_run_group_tests(tests, nullptr, nullptr);
+  const int rc = cmocka_run_group_tests(tests, nullptr, nullptr);
+  const std::string cleanup = "rm -rf " + g_ipc_dir;
+  return system(cleanup.c_str()) == 0 ? rc : (rc ? rc : 1);
 }

@@ -324,6 +324,13 @@ void test_welcome_checks(void **) {
   x.max_payload = kMaxFramePayload + 1;
   b = welcome_body(x);
   assert_int_equal(check_welcome(CHI_OK, b.data(), b.size(), kSessionTasks, at, &w), CHI_ERR_PROTOCOL);
+  // A GPU count a client would size tables by (a server posing as the real one).
+  for (int32_t bad_gpus : {-1, int32_t(kMaxWelcomeGpus) + 1, INT32_MAX}) {
+    x = good_welcome();
+    x.gpus = bad_gpus;
+    b = welcome_body(x);
+    assert_int_equal(check_welcome(CHI_OK, b.data(), b.size(), kSessionTasks, at, &w), CHI_ERR_PROTOCOL);
+  }
 }
 
 void test_hello_checks(void **) {

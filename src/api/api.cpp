@@ -16,6 +16,7 @@
 #include "client/client.h"
 #include "core/futex.h"
 #include "core/runtime.h"
+#include "ipc/frame.h"
 #include "server/server.h"
 
 using chi::set_error;
@@ -677,11 +678,17 @@ CHI_API chi_status_t chi_server_query(const char *address, const char *request, 
     else return set_error(CHI_ERR_INVALID, "unknown request '%.32s' (ping, status, status-json, stop)", request);
     std::unique_ptr<chi::Client> c;
     if (chi_status_t s = chi::connect_control(address ? address : "", &c); s != CHI_OK) return s;
-    std::string buf(chi::ipc::kMaxMsgPayload, '\0');
+    // A reply is at most one frame's payload (the ZeroMQ server does not cut
+    // status at 64 KiB as the shm one does); control() reports the reply's
+    // full length, which only the bytes it copied may be read up to.
+    std::string buf(chi::ipc::kMaxFramePayload, '\0');
     uint32_t n = 0;
     if (chi_status_t s = c->control(op, flags, nullptr, 0, buf.data(), uint32_t(buf.size()), &n); s != CHI_OK)
       return s;
     if (reply_size) *reply_size = n;
+    if (n > buf.size())
+      return set_error(CHI_ERR_PROTOCOL, "%s answered with %u bytes, more than a reply may hold (%zu)",
+                       address && *address ? address : "the server", n, buf.size());
     if (reply && capacity) {
       size_t k = std::min<size_t>(n, capacity - 1);
       std::memcpy(reply, buf.data(), k);

@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -24,6 +25,28 @@ namespace chi {
 namespace {
 
 constexpr uint64_t kControlBit = 1ull << 63;
+
+// The uid of the process that serves an ipc:// connection, from the
+// message's descriptor (SO_PEERCRED) or libzmq's Peer-Address property;
+// false when neither tells.
+bool peer_uid(zmq_msg_t *msg, uid_t *uid) {
+  const int fd = zmq_msg_get(msg, ZMQ_SRCFD);
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (fd >= 0 && getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+    *uid = cred.uid;
+    return true;
+  }
+  // libzmq 4.3 on Linux: "localhost:UID:GID:PID" for an ipc:// peer.
+  const char *pa = zmq_msg_gets(msg, "Peer-Address");
+  const char *colon = pa ? std::strchr(pa, ':') : nullptr;
+  if (!colon) return false;
+  char *end = nullptr;
+  const unsigned long v = std::strtoul(colon + 1, &end, 10);
+  if (end == colon + 1 || *end != ':') return false;
+  *uid = uid_t(v);
+  return true;
+}
 
 }  // namespace
 
@@ -93,6 +116,12 @@ chi_status_t ZmqClient::open(bool control) {
   for (const auto &o : options)
     if (chi_status_t s = ipc::set_zmq_option(dealer_, o.option, &o.value, sizeof o.value, o.name); s != CHI_OK)
       return s;
+  // A reply part is at most a batch plus one frame: a larger one (a server
+  // posing as the real one) is refused from its header, never allocated.
+  const int64_t max_part = int64_t(ipc::max_message_part(ipc::kMaxFramePayload));
+  if (chi_status_t s = ipc::set_zmq_option(dealer_, ZMQ_MAXMSGSIZE, &max_part, sizeof max_part, "ZMQ_MAXMSGSIZE");
+      s != CHI_OK)
+    return s;
   if (!cfg_.curve_server_key.empty()) {
     if (a.compare(0, 6, "tcp://") != 0)
       return set_error(CHI_ERR_CONFIG, "curve_server_key is for tcp:// addresses, not %s", a.c_str());
@@ -157,8 +186,9 @@ chi_status_t ZmqClient::open(bool control) {
                      [&] { return ctl_.done || gone_.load(std::memory_order_acquire); });
   if (!ctl_.done) {
     if (gone_.load(std::memory_order_acquire))
-      return set_error(connect_failure_.find("CURVE") != std::string::npos ? CHI_ERR_PERMISSION
-                                                                            : CHI_ERR_DISCONNECTED,
+      return set_error(connect_failure_.find("CURVE") != std::string::npos || connect_failure_ == "uid"
+                           ? CHI_ERR_PERMISSION
+                           : CHI_ERR_DISCONNECTED,
                        "cannot connect to %s: %s", a.c_str(), gone_why_.c_str());
     return set_error(CHI_ERR_DISCONNECTED, "no chimaera-server answered at %s within %d ms", a.c_str(),
                      kConnectTimeoutMs);
@@ -325,6 +355,26 @@ uint32_t ZmqClient::io_receive() {
     if (zmq_msg_recv(&msg, dealer_, ZMQ_DONTWAIT) < 0) {
       zmq_msg_close(&msg);
       return got;
+    }
+    if (!peer_checked_ && address_.compare(0, 6, "ipc://") == 0) {
+      // Whoever binds the path first answers: in a folder others can write,
+      // that may be another user's fake server.  Nothing of this session
+      // (the hello's answer included) is read from a stranger.
+      peer_checked_ = true;
+      uid_t uid = uid_t(-1);
+      std::string why;
+      if (!peer_uid(&msg, &uid))
+        why = address_ + ": cannot tell which user serves it (no peer credentials): refusing to use it";
+      else if (uid != geteuid())
+        why = address_ + " is served by uid " + std::to_string(uid) + ", not by this user (uid " +
+              std::to_string(geteuid()) + "): refusing to talk to another user's server";
+      if (!why.empty()) {
+        zmq_msg_close(&msg);
+        log(LogLevel::kWarn, "%s", why.c_str());
+        connect_failure_ = "uid";
+        mark_gone(why.c_str());
+        return got + 1;
+      }
     }
     bool go_on = true;
     std::string why;

@@ -103,6 +103,9 @@ class ZmqClient final : public Client {
   uint64_t next_control_id_ = 1;
   int connect_events_ = 0;  // handshake: failures seen by the monitor
   std::string connect_failure_;
+  // ipc://: whether the first message's sender was checked to be this user
+  // (I/O thread only).
+  bool peer_checked_ = false;
 };
 
 }  // namespace chi

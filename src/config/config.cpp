@@ -19,6 +19,8 @@
 #include <memory>
 #include <new>
 
+#include "ipc/address.h"
+
 namespace chi {
 namespace {
 
@@ -140,11 +142,9 @@ bool valid_address(const std::string &a) {
   if (const char *name = rest("shm://")) return *name && !std::strchr(name, '/');
   if (const char *path = rest("ipc://")) return *path != '\0';
   if (const char *hp = rest("tcp://")) {
-    const char *colon = std::strrchr(hp, ':');
-    if (!colon || colon == hp) return false;
-    int64_t port = 0;
-    return parse_decimal(colon + 1, &port) && colon[1] != '+' && colon[1] != '-' && port >= 1 &&
-           port <= 65535;
+    std::string host, why;
+    int port = 0;
+    return ipc::split_tcp_address(hp, &host, &port, &why);
   }
   return false;
 }

@@ -38,6 +38,27 @@ chi_status_t ensure_private_dir(const std::string &dir) {
   return CHI_OK;
 }
 
+// $HOME/.cache/chimaera/HOST, each level made 0700 if missing; $HOME and
+// .cache must belong to this user, the rest pass ensure_private_dir.
+chi_status_t home_runtime_dir(std::string *dir) {
+  const char *home = getenv("HOME");
+  struct stat st;
+  if (!home || home[0] != '/' || stat(home, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid())
+    return set_error(CHI_ERR_PERMISSION, "HOME is not a folder of this user");
+  char host[256] = {0};
+  if (gethostname(host, sizeof host - 1) != 0 || !host[0]) std::strcpy(host, "localhost");
+  for (char *c = host; *c; ++c)
+    if (*c == '/') *c = '_';
+  const std::string cache = std::string(home) + "/.cache";
+  if (mkdir(cache.c_str(), 0700) != 0 && errno != EEXIST)
+    return set_error(CHI_ERR_PERMISSION, "cannot create %s: %s", cache.c_str(), strerror(errno));
+  if (lstat(cache.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid())
+    return set_error(CHI_ERR_PERMISSION, "%s is not a folder of this user", cache.c_str());
+  if (chi_status_t s = ensure_private_dir(cache + "/chimaera"); s != CHI_OK) return s;
+  *dir = cache + "/chimaera/" + host;
+  return ensure_private_dir(*dir);
+}
+
 bool valid_name(const std::string &n) {
   if (n.empty() || n.size() > 64) return false;
   for (char c : n)
@@ -69,10 +90,26 @@ chi_status_t runtime_dir(std::string *dir) {
   struct stat st;
   if (xdg && *xdg && stat(xdg, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid()) {
     *dir = std::string(xdg) + "/chimaera";
-  } else {
-    *dir = "/tmp/chimaera-" + std::to_string(unsigned(geteuid()));
+    return ensure_private_dir(*dir);
   }
-  return ensure_private_dir(*dir);
+  *dir = "/tmp/chimaera-" + std::to_string(unsigned(geteuid()));
+  if (ensure_private_dir(*dir) == CHI_OK) return CHI_OK;
+  // Any local user can make that name first (a folder or a symlink): then a
+  // folder under this user's home, which no one else can make, per host (a
+  // home shared by several machines holds one per machine).  Server and
+  // clients meet there alike, since they see the same squatter.
+  const std::string squatted = last_error();
+  std::string fallback;
+  if (home_runtime_dir(&fallback) == CHI_OK) {
+    log(LogLevel::kWarn, "%s; using %s instead", squatted.c_str(), fallback.c_str());
+    *dir = fallback;
+    return CHI_OK;
+  }
+  const std::string home_why = last_error();
+  return set_error(CHI_ERR_PERMISSION,
+                   "%s, and no private folder under $HOME could stand in (%s): set CHI_RUNTIME_DIR (or "
+                   "XDG_RUNTIME_DIR) to a folder of this user, mode 0700",
+                   squatted.c_str(), home_why.c_str());
 }
 
 chi_status_t resolve_endpoint(const std::string &address, Endpoint *ep) {
@@ -216,6 +253,46 @@ chi_status_t recv_msg(int sock, MsgHeader *hdr, void *payload, uint32_t capacity
     if (chi_status_t s = read_full(sock, payload, hdr->length, timeout_ms, fds); s != CHI_OK)
       return s == CHI_ERR_TIMEOUT ? CHI_ERR_PROTOCOL : s;  // a torn message
   return CHI_OK;
+}
+
+chi_status_t recv_msg_nowait(int sock, std::string *buf, MsgHeader *hdr, uint32_t capacity) {
+  for (;;) {
+    size_t need = sizeof *hdr;
+    if (buf->size() >= sizeof *hdr) {
+      std::memcpy(hdr, buf->data(), sizeof *hdr);
+      if (hdr->magic != kMsgMagic || hdr->kind < kFirstKind || hdr->kind > kLastKind ||
+          hdr->length > kMaxMsgPayload || hdr->length > capacity)
+        return CHI_ERR_PROTOCOL;
+      need += hdr->length;
+    }
+    if (buf->size() >= sizeof *hdr && buf->size() == need) return CHI_OK;
+    const size_t have = buf->size();
+    buf->resize(need);
+    iovec iov{buf->data() + have, need - have};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * 4)];
+    m.msg_control = ctrl;
+    m.msg_controllen = sizeof ctrl;
+    const ssize_t n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    buf->resize(have + (n > 0 ? size_t(n) : 0));
+    if (n > 0) {
+      for (cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        const size_t nfds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < nfds; ++i) {
+          int f;
+          std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+          close(f);
+        }
+      }
+      continue;
+    }
+    if (n == 0) return CHI_ERR_DISCONNECTED;
+    if (errno == EINTR) continue;
+    return errno == EAGAIN || errno == EWOULDBLOCK ? CHI_ERR_AGAIN : CHI_ERR_DISCONNECTED;
+  }
 }
 
 }  // namespace chi::ipc

@@ -47,4 +47,13 @@ bool send_msg(int sock, Kind kind, Op op, uint32_t flags, int32_t status, const 
 chi_status_t recv_msg(int sock, MsgHeader *hdr, void *payload, uint32_t capacity, int timeout_ms,
                       int *fds = nullptr);
 
+// The server's reader: never waits.  Appends what has arrived of one message
+// to *buf (never bytes of the next one; descriptors passed along are closed).
+// CHI_OK: *buf holds one whole message, *hdr its header, the payload after
+// it; CHI_ERR_AGAIN: more must come (call again when the socket is
+// readable); CHI_ERR_DISCONNECTED (EOF, error) or CHI_ERR_PROTOCOL (bad
+// magic or kind, payload over capacity).  A peer that sends one byte at a
+// time then costs the server one buffer, not a wait.
+chi_status_t recv_msg_nowait(int sock, std::string *buf, MsgHeader *hdr, uint32_t capacity);
+
 }  // namespace chi::ipc

@@ -91,9 +91,4 @@ chi_status_t read_allowed_keys(const std::string &path, std::set<std::string> *k
   return CHI_OK;
 }
 
-bool is_loopback_host(const std::string &host) {
-  return host == "localhost" || host.compare(0, 4, "127.") == 0 || host == "[::1]" || host == "::1" ||
-         host == "lo";
-}
-
 }  // namespace chi::ipc

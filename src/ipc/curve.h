@@ -19,7 +19,5 @@ chi_status_t read_secret_key(const std::string &path, std::string *z85);
 chi_status_t read_allowed_keys(const std::string &path, std::set<std::string> *keys);
 // True for 40 z85 characters.
 bool is_z85_key(const std::string &k);
-// True when host (of tcp://HOST:PORT) names a loopback interface.
-bool is_loopback_host(const std::string &host);
 
 }  // namespace chi::ipc

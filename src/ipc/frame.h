@@ -71,5 +71,11 @@ chi_status_t for_each_frame(const uint8_t *data, size_t size, std::string *why, 
 void append_frame(const Frame &f, std::string *out);
 // A sender closes a batch (sends the message) once it holds this many bytes.
 constexpr size_t kBatchBytes = 64 * 1024;
+// The largest message part a peer sends when its frames carry at most
+// max_payload bytes: a batch closes once it holds kBatchBytes, so its last
+// frame may cross that line by a whole frame.  256 bytes cover CURVE's box
+// around a part.  Each end sets ZMQ_MAXMSGSIZE to it: libzmq then refuses a
+// larger frame from its header, before allocating it or any handshake.
+constexpr size_t max_message_part(size_t max_payload) { return kBatchBytes + kFrameHeader + max_payload + 256; }
 
 }  // namespace chi::ipc

@@ -58,9 +58,10 @@ chi_status_t check_welcome(int32_t status, const void *payload, size_t size, uin
     return set_error(CHI_ERR_PROTOCOL, "%s", version_mismatch(mine, w->protocol, w->library_version).c_str());
   }
   if (kind == kSessionControl) return CHI_OK;
-  if (w->nslots < 2 || (w->nslots & (w->nslots - 1)) || w->nslots > (1u << 16) || w->max_payload > kMaxFramePayload)
-    return set_error(CHI_ERR_PROTOCOL, "%s sent a malformed session shape (%u slots, %u-byte payloads)",
-                     address.c_str(), w->nslots, w->max_payload);
+  if (w->nslots < 2 || (w->nslots & (w->nslots - 1)) || w->nslots > (1u << 16) || w->max_payload > kMaxFramePayload ||
+      w->gpus < 0 || w->gpus > kMaxWelcomeGpus)
+    return set_error(CHI_ERR_PROTOCOL, "%s sent a malformed session shape (%u slots, %u-byte payloads, %d GPUs)",
+                     address.c_str(), w->nslots, w->max_payload, int(w->gpus));
   return CHI_OK;
 }
 

@@ -11,6 +11,9 @@
 
 namespace chi::ipc {
 
+// More GPUs than any server drives: a client sizes tables by the count.
+constexpr int32_t kMaxWelcomeGpus = 1024;
+
 // "version mismatch: client library A protocol P, server library B protocol Q".
 std::string version_mismatch(const Hello &client, uint32_t server_protocol, uint32_t server_library);
 
@@ -22,7 +25,8 @@ chi_status_t check_hello(const void *payload, size_t size, Hello *out, std::stri
 // for a session of `kind`.  CHI_OK and *w, or the refusal's status (its text
 // in the message), or CHI_ERR_PROTOCOL (short, other version, a task
 // session's shape out of range: slots not a power of two in 2..65536,
-// payload over kMaxFramePayload).  Sets the thread's message naming address.
+// payload over kMaxFramePayload, GPUs outside 0..kMaxWelcomeGpus).  Sets the
+// thread's message naming address.
 chi_status_t check_welcome(int32_t status, const void *payload, size_t size, uint32_t kind,
                            const std::string &address, Welcome *w);
 

@@ -41,7 +41,7 @@ struct SegmentHeader {
   // Written by the server only.
   alignas(64) std::atomic<uint32_t> server_state;
   // 1 while the session's poller sleeps: a client that queues a task must
-  // then ring the session's eventfd.  Written by the server.
+  // then ring the session's doorbell.  Written by the server.
   alignas(64) std::atomic<uint32_t> doorbell_armed;
   // Ticket of the client's producers (never read by the server).
   alignas(64) std::atomic<uint32_t> tail;

@@ -54,6 +54,8 @@ chi_status_t Service::admit(const std::string &where, const void *payload, size_
   return st;
 }
 
+uint32_t Service::max_connections() const { return config().max_clients + kMaxPendingConnections; }
+
 void Service::left() {
   clients_.fetch_sub(1, std::memory_order_relaxed);
   rt_.client_count().fetch_sub(1, std::memory_order_relaxed);

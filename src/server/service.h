@@ -80,6 +80,19 @@ class Service {
   // A task session admitted earlier ends (or could not be served after all).
   void left();
   uint32_t clients() const { return clients_.load(std::memory_order_relaxed); }
+  // Connections a listener holds at once, of every kind (task and control
+  // sessions, and those whose hello has not come yet): server.max_clients
+  // plus room for chimaera-ctl and handshakes.  Beyond it a listener refuses
+  // (shm) or cuts (ZeroMQ) new connections, so that no peer can take the
+  // descriptors every transport shares.
+  uint32_t max_connections() const;
+  // Connections without a hello yet the shm listener holds at once; beyond
+  // it, it accepts no more until one ends (the kernel's backlog holds them).
+  // Also the room max_connections() leaves beside max_clients.
+  static constexpr uint32_t kMaxPendingConnections = 64;
+  // A peer without a hello after this long is closed (hello_timeout_ms
+  // counts from the end of the ZeroMQ handshake, this from the accept).
+  static constexpr int kHandshakeMs = 5000;
 
   // ---- control requests
   // Answers one request of session `session`: CHI_OK and the reply's bytes,

@@ -1,8 +1,8 @@
 #include "server/session.h"
 
 #include <fcntl.h>
-#include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -38,7 +38,13 @@ Session::~Session() {
   if (seg_.base) munmap(seg_.base, seg_.layout.size);
   if (memfd_ >= 0) close(memfd_);
   if (doorbell_ >= 0) close(doorbell_);
+  close_client_doorbell();
   if (sock_ >= 0) close(sock_);
+}
+
+void Session::close_client_doorbell() {
+  if (client_doorbell_ >= 0) close(client_doorbell_);
+  client_doorbell_ = -1;
 }
 
 chi_status_t Session::create_segment(uint32_t nslots) {
@@ -56,8 +62,14 @@ chi_status_t Session::create_segment(uint32_t nslots) {
   if (p == MAP_FAILED) return set_error(CHI_ERR_NOMEM, "cannot map the segment: %s", strerror(errno));
   seg_.base = static_cast<uint8_t *>(p);
   ipc::init_segment(seg_, ipc::kProtocolVersion);
-  doorbell_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (doorbell_ < 0) return set_error(CHI_ERR_INTERNAL, "eventfd: %s", strerror(errno));
+  // The doorbell is a datagram socket pair, not a shared eventfd: the client
+  // gets only its own end, so no flag it sets (O_NONBLOCK) reaches the end
+  // a poller reads, and a pair of datagram sockets shows no EOF to poll on.
+  int bell[2];
+  if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, bell) != 0)
+    return set_error(CHI_ERR_INTERNAL, "socketpair: %s", strerror(errno));
+  doorbell_ = bell[0];
+  client_doorbell_ = bell[1];
   busy_.reset(new std::atomic<uint8_t>[nslots]);
   for (uint32_t i = 0; i < nslots; ++i) busy_[i].store(0, std::memory_order_relaxed);
   taken_ns_.reset(new int64_t[nslots]());

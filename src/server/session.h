@@ -26,8 +26,11 @@ class Session final : public RemoteSink {
   Session &operator=(const Session &) = delete;
 
   // Makes the segment (a sealed memfd, the service's payload size) and the
-  // doorbell eventfd.
+  // doorbell (a socket pair: doorbell() is read here, client_doorbell()
+  // goes to the client, then close_client_doorbell()).
   chi_status_t create_segment(uint32_t nslots);
+  int client_doorbell() const { return client_doorbell_; }
+  void close_client_doorbell();
 
   // Poller: takes up to `budget` queued tasks and hands them to the service
   // (which runs, queues or refuses each).  Returns the number taken; sets
@@ -90,6 +93,7 @@ class Session final : public RemoteSink {
   const uint32_t kind_;
   int memfd_ = -1;
   int doorbell_ = -1;
+  int client_doorbell_ = -1;
   ipc::SegmentView seg_;
   uint32_t head_ = 0;  // next ring position to consume (poller only)
   // Per slot, server-private: 1 while the task is with the server, and when

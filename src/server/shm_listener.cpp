@@ -1,7 +1,9 @@
 #include "server/shm_listener.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -23,9 +25,10 @@
 namespace chi {
 
 namespace {
-// Once a hello or control message has begun to arrive, its rest must follow
-// within this (one sendmsg from an honest peer: it arrives whole).
-constexpr int kMessageRestMs = 100;
+// Out of descriptors, the listening socket leaves the epoll set this long.
+constexpr int64_t kAcceptPauseNs = 100 * 1000000;
+// Logs the n-th of a repeated event at n = 1, 2, 4, 8...: never a flood.
+bool worth_logging(uint64_t n) { return (n & (n - 1)) == 0; }
 }  // namespace
 
 chi_status_t ShmListener::open(Service &service, const std::string &address, std::unique_ptr<Listener> *out) {
@@ -77,6 +80,15 @@ chi_status_t ShmListener::start() {
   }
   log(LogLevel::kInfo, "serving %s at %s (%zu poller(s), %u slots per client)", shown_.c_str(),
       ep_.socket_path.c_str(), pollers_->size(), svc_.config().client_slots);
+  // Three descriptors per task session, one per other connection: short of
+  // them, accept pauses (no client is lost, but none gets in meanwhile).
+  rlimit rl;
+  const uint64_t want = 3ull * svc_.config().max_clients + Service::kMaxPendingConnections + 64;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want)
+    log(LogLevel::kWarn,
+        "%s: the open-files limit (%llu) is below what server.max_clients (%u) may need (%llu): raise it "
+        "(ulimit -n) or lower server.max_clients",
+        shown_.c_str(), (unsigned long long)rl.rlim_cur, svc_.config().max_clients, (unsigned long long)want);
   return CHI_OK;
 }
 
@@ -114,17 +126,19 @@ void ShmListener::control_main() {
     for (int i = 0; i < n; ++i) {
       void *tag = events[i].data.ptr;
       if (tag == &listen_fd_) {
-        if (listening) accept_clients();
+        if (listening && !accept_paused_) accept_clients();
       } else if (tag == &wake_fd_) {
         drain_fd(wake_fd_);
-      } else if (int fd = take_pending(tag); fd >= 0) {
-        handshake(fd);
+      } else if (pending_input(tag)) {
       } else {
         Session *s = static_cast<Session *>(tag);
         if (!s->detached) serve_request(s);
       }
     }
     expire_pending();
+    if (accept_paused_ && listening && now_ns() >= accept_resume_ns_ &&
+        pending_.size() < Service::kMaxPendingConnections)
+      resume_accepting();
     if (listening && svc_.stopping()) {
       stop_listening();  // no new clients once stopping; the socket file goes now
       listening = false;
@@ -142,7 +156,7 @@ void ShmListener::control_main() {
 
 void ShmListener::stop_listening() {
   if (listen_fd_ < 0) return;
-  if (epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr) != 0)
+  if (!accept_paused_ && epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr) != 0)
     log(LogLevel::kWarn, "%s: epoll_ctl(DEL listener): %s", shown_.c_str(), strerror(errno));
   close(listen_fd_);
   listen_fd_ = -1;
@@ -151,17 +165,57 @@ void ShmListener::stop_listening() {
 
 void ShmListener::accept_clients() {
   for (;;) {
+    if (pending_.size() >= Service::kMaxPendingConnections) {
+      // Enough connections wait for their hello: the next ones wait in the
+      // kernel's backlog until some of these end (hello or timeout), so a
+      // burst of honest clients is served in turn, not refused.
+      pause_accepting();
+      accept_resume_ns_ = 0;
+      return;
+    }
     int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != ECONNABORTED)
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // The connection waits in the backlog; the socket stays readable,
+        // so accepting again at once would only spin.
+        if (worth_logging(++accept_failures_))
+          log(LogLevel::kWarn, "%s: accept: %s: not accepting for %lld ms (%llu time(s) so far)", shown_.c_str(),
+              strerror(errno), (long long)(kAcceptPauseNs / 1000000), (unsigned long long)accept_failures_);
+        pause_accepting();
+      } else if (errno != EAGAIN && errno != ECONNABORTED) {
         log(LogLevel::kWarn, "%s: accept: %s", shown_.c_str(), strerror(errno));
+      }
       return;
     }
-    // The hello is read when it arrives: a client that connects and stays
-    // silent holds only its own connection, until server.hello_timeout_ms.
+    // Every connection counts, whatever it becomes: task and control
+    // sessions and those still to say hello.
+    size_t sessions;
+    {
+      std::lock_guard<std::mutex> lock(sessions_mu_);
+      sessions = sessions_.size();
+    }
+    if (sessions + pending_.size() >= svc_.max_connections()) {
+      const std::string why = "the server holds " + std::to_string(sessions + pending_.size()) +
+                              " connections (server.max_clients + " +
+                              std::to_string(Service::kMaxPendingConnections) + ")";
+      if (worth_logging(++refusals_))
+        log(LogLevel::kWarn, "%s: refused a connection: %s (%llu refused so far)", shown_.c_str(), why.c_str(),
+            (unsigned long long)refusals_);
+      const std::string body = ipc::refusal_body(why);
+      ipc::MsgHeader h{ipc::kMsgMagic, uint16_t(ipc::Kind::kWelcome), 0, 0, uint32_t(body.size()), CHI_ERR_AGAIN};
+      std::string msg(reinterpret_cast<const char *>(&h), sizeof h);
+      msg += body;
+      if (send(fd, msg.data(), msg.size(), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+      }  // best effort: the peer sees EOF anyway
+      close(fd);
+      continue;
+    }
+    // The hello is read as it arrives: a client that connects and stays
+    // silent, or sends a byte at a time, holds only its own connection,
+    // until server.hello_timeout_ms.
     auto p = std::make_unique<PendingHello>(
-        PendingHello{fd, now_ns() + int64_t(svc_.config().hello_timeout_ms) * 1000000});
+        PendingHello{fd, now_ns() + int64_t(svc_.config().hello_timeout_ms) * 1000000, std::string()});
     epoll_event ev{};
     ev.events = EPOLLIN | EPOLLRDHUP;
     ev.data.ptr = p.get();
@@ -174,17 +228,54 @@ void ShmListener::accept_clients() {
   }
 }
 
-int ShmListener::take_pending(void *tag) {
-  for (size_t i = 0; i < pending_.size(); ++i) {
-    if (pending_[i].get() != tag) continue;
-    const int fd = pending_[i]->fd;
-    if (epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr) != 0)
-      log(LogLevel::kWarn, "%s: epoll_ctl(DEL pending): %s", shown_.c_str(), strerror(errno));
-    pending_[i] = std::move(pending_.back());
-    pending_.pop_back();
-    return fd;
+void ShmListener::pause_accepting() {
+  if (accept_paused_) return;
+  if (epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr) != 0) {
+    log(LogLevel::kWarn, "%s: epoll_ctl(DEL listener): %s", shown_.c_str(), strerror(errno));
+    return;
   }
-  return -1;
+  accept_paused_ = true;
+  accept_resume_ns_ = now_ns() + kAcceptPauseNs;
+}
+
+void ShmListener::resume_accepting() {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = &listen_fd_;
+  if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev) != 0) {
+    accept_resume_ns_ = now_ns() + kAcceptPauseNs;  // tried again after the next pause
+    return;
+  }
+  accept_paused_ = false;
+}
+
+bool ShmListener::pending_input(void *tag) {
+  size_t i = 0;
+  while (i < pending_.size() && pending_[i].get() != tag) ++i;
+  if (i == pending_.size()) return false;
+  PendingHello &p = *pending_[i];
+  ipc::MsgHeader h;
+  const chi_status_t rs = ipc::recv_msg_nowait(p.fd, &p.buf, &h, 256);
+  if (rs == CHI_ERR_AGAIN) return true;
+  const int fd = p.fd;
+  std::string msg = std::move(p.buf);
+  if (epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr) != 0)
+    log(LogLevel::kWarn, "%s: epoll_ctl(DEL pending): %s", shown_.c_str(), strerror(errno));
+  pending_[i] = std::move(pending_.back());
+  pending_.pop_back();
+  if (rs == CHI_ERR_DISCONNECTED) {
+    close(fd);
+    return true;
+  }
+  if (rs != CHI_OK || h.kind != uint16_t(ipc::Kind::kHello)) {
+    log(LogLevel::kWarn, "%s: refused a client: expected a chimaera hello message", shown_.c_str());
+    const std::string body = ipc::refusal_body("expected a chimaera hello message");
+    ipc::send_msg(fd, ipc::Kind::kWelcome, ipc::Op(0), 0, CHI_ERR_PROTOCOL, body.data(), uint32_t(body.size()));
+    close(fd);
+    return true;
+  }
+  handshake(fd, h, msg.data() + sizeof h);
+  return true;
 }
 
 void ShmListener::expire_pending() {
@@ -205,7 +296,7 @@ void ShmListener::expire_pending() {
   }
 }
 
-void ShmListener::handshake(int fd) {
+void ShmListener::handshake(int fd, const ipc::MsgHeader &h, const char *buf) {
   auto refuse = [&](chi_status_t st, const std::string &msg) {
     const std::string body = ipc::refusal_body(msg);
     ipc::send_msg(fd, ipc::Kind::kWelcome, ipc::Op(0), 0, st, body.data(), uint32_t(body.size()));
@@ -216,18 +307,6 @@ void ShmListener::handshake(int fd) {
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
     log(LogLevel::kWarn, "%s: dropped a connection: SO_PEERCRED: %s", shown_.c_str(), strerror(errno));
     close(fd);
-    return;
-  }
-  ipc::MsgHeader h;
-  char buf[256];
-  chi_status_t rs = ipc::recv_msg(fd, &h, buf, sizeof buf, kMessageRestMs);
-  if (rs != CHI_OK || h.kind != uint16_t(ipc::Kind::kHello)) {
-    if (rs == CHI_OK || rs == CHI_ERR_PROTOCOL) {
-      log(LogLevel::kWarn, "%s: refused a client: expected a chimaera hello message", shown_.c_str());
-      refuse(CHI_ERR_PROTOCOL, "expected a chimaera hello message");
-    } else {
-      close(fd);
-    }
     return;
   }
   ipc::Hello hello{};
@@ -249,10 +328,12 @@ void ShmListener::handshake(int fd) {
     w.max_payload = s->layout().max_payload;
     w.segment_size = s->layout().size;
     fds[0] = s->segment_fd();
-    fds[1] = s->doorbell();
+    fds[1] = s->client_doorbell();
     nfds = 2;
   }
-  if (!ipc::send_msg(fd, ipc::Kind::kWelcome, ipc::Op(0), 0, CHI_OK, &w, sizeof w, fds, nfds)) {
+  const bool sent = ipc::send_msg(fd, ipc::Kind::kWelcome, ipc::Op(0), 0, CHI_OK, &w, sizeof w, fds, nfds);
+  s->close_client_doorbell();  // the client holds its end now
+  if (!sent) {
     if (tasks) svc_.left();
     return;
   }
@@ -284,11 +365,20 @@ void ShmListener::handshake(int fd) {
 }
 
 void ShmListener::serve_request(Session *s) {
+  // A request is gathered as it arrives (a byte at a time delays no one).
+  std::string &msg = partial_[s];
   ipc::MsgHeader h;
-  static thread_local char buf[ipc::kMaxMsgPayload];
-  const chi_status_t rs = ipc::recv_msg(s->sock(), &h, buf, sizeof buf, kMessageRestMs);
+  const chi_status_t rs = ipc::recv_msg_nowait(s->sock(), &msg, &h, ipc::kMaxMsgPayload);
+  if (rs == CHI_ERR_AGAIN) return;
   if (rs == CHI_ERR_DISCONNECTED) return detach(s, "connection closed");
   if (rs != CHI_OK) return detach(s, "malformed control message");
+  const std::string request = std::move(msg);
+  msg.clear();
+  const char *buf = request.data() + sizeof h;
+  // A client that does not read its replies must not make this thread wait
+  // for room to send the next one.
+  pollfd out{s->sock(), POLLOUT, 0};
+  if (poll(&out, 1, 0) != 1 || !(out.revents & POLLOUT)) return detach(s, "does not read its replies");
   std::string reply;
   chi_status_t st;
   if (h.kind != uint16_t(ipc::Kind::kControl)) {
@@ -307,6 +397,7 @@ void ShmListener::serve_request(Session *s) {
 void ShmListener::detach(Session *s, const char *why) {
   if (s->detached) return;
   s->detached = true;
+  partial_.erase(s);
   if (epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, s->sock(), nullptr) != 0 && errno != ENOENT)
     log(LogLevel::kWarn, "%s: epoll_ctl(DEL client %u): %s", shown_.c_str(), s->id(), strerror(errno));
   // The client sees EOF at once (its calls answer CHI_ERR_DISCONNECTED).

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "ipc/channel.h"
@@ -40,15 +41,22 @@ class ShmListener final : public Listener {
   struct PendingHello {
     int fd;
     int64_t deadline_ns;
+    std::string buf;  // what has come of the hello so far
   };
   explicit ShmListener(Service &service) : svc_(service) {}
   chi_status_t bind(const std::string &address);
   void control_main();
   void accept_clients();
-  // The pending connection whose epoll tag is `tag`, taken out of the set; -1 if none.
-  int take_pending(void *tag);
+  // Takes the listening socket out of the epoll set for a while (out of
+  // descriptors: accepting again at once would only fail again; or enough
+  // connections wait for their hello), and back.
+  void pause_accepting();
+  void resume_accepting();
+  // Reads what came on a pending connection (tag: its PendingHello);
+  // false if `tag` is not one.  A whole hello goes on to handshake().
+  bool pending_input(void *tag);
   void expire_pending();
-  void handshake(int fd);
+  void handshake(int fd, const ipc::MsgHeader &h, const char *payload);
   void serve_request(Session *s);
   void detach(Session *s, const char *why);
   void reclaim();
@@ -67,6 +75,10 @@ class ShmListener final : public Listener {
   std::atomic<bool> quit_{false};
   bool finished_ = false;
   std::vector<std::unique_ptr<PendingHello>> pending_;  // control thread only
+  std::unordered_map<Session *, std::string> partial_;  // control thread: requests still arriving
+  bool accept_paused_ = false;                          // control thread
+  int64_t accept_resume_ns_ = 0;
+  uint64_t accept_failures_ = 0, refusals_ = 0;  // logged at 1, 2, 4, 8...
   std::mutex sessions_mu_;           // sessions_, detached_ (control thread writes; status reads)
   std::vector<Session *> sessions_;  // live, connected sessions
   std::vector<Session *> detached_;  // gone, waiting for their tasks to finish

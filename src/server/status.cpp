@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "core/runtime.h"
@@ -11,6 +12,14 @@
 #include "server/service.h"
 
 namespace chi {
+
+namespace {
+// The whole answer fits one session-socket message on every transport: the
+// client rows stop short of it, and say how many were left out.
+constexpr size_t kMaxStatusBytes = ipc::kMaxMsgPayload;
+constexpr size_t kMaxAddressBytes = 4096;
+constexpr size_t kTailBytes = 2048;  // the routes and counters after the rows
+}  // namespace
 
 std::string status_text(Service &service, bool json) {
   Runtime &rt = service.runtime();
@@ -22,6 +31,7 @@ std::string status_text(Service &service, bool json) {
     l->rows(&rows);
     pollers += l->pollers();
   }
+  if (addrs.size() > kMaxAddressBytes) addrs = addrs.substr(0, kMaxAddressBytes) + "...";
   chi_stats_t st;
   rt.read_stats(&st);
   // Each GPU's orchestrator as it is now (paused, failed...), not assumed.
@@ -71,18 +81,22 @@ std::string status_text(Service &service, bool json) {
              st.gpus);
     out += line;
     out += orch_json + "],\"mps\":" + (mps ? "true" : "false") + ",\"clients\":[";
-    for (size_t i = 0; i < rows.size(); ++i) {
+    size_t shown = 0;
+    for (; shown < rows.size(); ++shown) {
+      const size_t i = shown;
       snprintf(line, sizeof line,
                "%s{\"id\":%u,\"pid\":%d,\"uid\":%u,\"submitted\":%llu,\"finished\":%llu,\"in_flight\":%u",
                i ? "," : "", rows[i].id, rows[i].pid, rows[i].uid,
                (unsigned long long)rows[i].submitted, (unsigned long long)rows[i].finished,
                rows[i].in_flight);
-      out += line;
+      std::string row = line;
       // shm:// clients only: which poller serves them.
-      if (rows[i].poller >= 0) out += ",\"poller\":" + std::to_string(rows[i].poller);
-      out += "}";
+      if (rows[i].poller >= 0) row += ",\"poller\":" + std::to_string(rows[i].poller);
+      row += "}";
+      if (out.size() + row.size() + kTailBytes > kMaxStatusBytes) break;
+      out += row;
     }
-    out += "],\"routes\":{";
+    out += "],\"clients_omitted\":" + std::to_string(rows.size() - shown) + ",\"routes\":{";
     for (int r = 0; r < 3; ++r) {
       const chi_route_stats_t &x = st.routes[r];
       snprintf(line, sizeof line,
@@ -109,13 +123,18 @@ std::string status_text(Service &service, bool json) {
   out += line;
   out += orch_text + ")\nserving:  " + addrs + "\nclients:  " + std::to_string(rows.size()) + "\n";
   if (!rows.empty()) out += "  id      pid      uid    submitted     finished  in-flight  poller\n";
+  size_t shown = 0;
   for (const ClientRow &r : rows) {
     char poller[16] = "-";
     if (r.poller >= 0) snprintf(poller, sizeof poller, "%d", r.poller);
     snprintf(line, sizeof line, "  %-6u %-8d %-6u %10llu %12llu %10u  %6s\n", r.id, r.pid, r.uid,
              (unsigned long long)r.submitted, (unsigned long long)r.finished, r.in_flight, poller);
+    if (out.size() + std::strlen(line) + kTailBytes > kMaxStatusBytes) break;
     out += line;
+    ++shown;
   }
+  if (shown < rows.size())
+    out += "  ... and " + std::to_string(rows.size() - shown) + " more client(s) (a status reply holds 64 KiB)\n";
   out += "route     submitted   completed      failed  in-flight     p50 ns     p99 ns\n";
   for (int r = 0; r < 3; ++r) {
     const chi_route_stats_t &x = st.routes[r];

@@ -8,5 +8,8 @@ namespace chi {
 void signal_fd(int fd);
 // Reads an eventfd's counter to zero.
 void drain_fd(int fd);
+// Empties a session's doorbell (a datagram socket a client writes to) without
+// ever waiting, whatever the client did to its own end.
+void drain_doorbell(int fd);
 
 }  // namespace chi

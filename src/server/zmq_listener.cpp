@@ -1,6 +1,7 @@
 #include "server/zmq_listener.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -15,6 +16,7 @@
 #include "core/futex.h"
 #include "core/runtime.h"
 #include "core/stats.h"
+#include "ipc/address.h"
 #include "ipc/channel.h"
 #include "ipc/curve.h"
 #include "ipc/handshake.h"
@@ -63,13 +65,11 @@ chi_status_t ZmqListener::open(Service &service, const std::string &address, std
 chi_status_t ZmqListener::bind() {
   const bool tcp = address_.compare(0, 6, "tcp://") == 0;
   if (tcp) {
-    std::string hp = address_.substr(6);
-    size_t colon = hp.rfind(':');
-    int port = colon == std::string::npos ? 0 : atoi(hp.c_str() + colon + 1);
-    if (colon == std::string::npos || colon == 0 || port < 1 || port > 65535)
-      return set_error(CHI_ERR_INVALID, "%s is not tcp://HOST:PORT", address_.c_str());
-    if (chi_status_t s = curve_.configure(svc_.config(), address_, ipc::is_loopback_host(hp.substr(0, colon)));
-        s != CHI_OK)
+    std::string host, why;
+    int port = 0;
+    if (!ipc::split_tcp_address(address_.substr(6), &host, &port, &why))
+      return set_error(CHI_ERR_INVALID, "%s is not tcp://HOST:PORT: %s", address_.c_str(), why.c_str());
+    if (chi_status_t s = curve_.configure(svc_.config(), address_, ipc::is_loopback_host(host)); s != CHI_OK)
       return s;
   } else if (address_.compare(0, 6, "ipc://") != 0) {
     return set_error(CHI_ERR_INVALID, "%s is not an ipc:// or tcp:// address", address_.c_str());
@@ -87,22 +87,36 @@ chi_status_t ZmqListener::bind() {
   // Heartbeats find a client whose network is gone (one that exits or is
   // killed is seen at once, from its connection): its session and queued
   // tasks are reclaimed after the same 10 s of silence a client allows.
-  const int linger = 2000, hwm = 65536, ivl = 1000, hb_timeout = 10000;
+  // What one connection can make the server hold (docs/server.md, "Threat
+  // model"): MAXMSGSIZE bounds every message part, before the handshake too
+  // (libzmq refuses a larger frame header instead of allocating it); RCVHWM
+  // parts wait unread at most; SNDHWM replies wait for a peer that does not
+  // read (one per task in flight at most for an honest client, whose
+  // results then never drop), and further ones are dropped.  A handshake
+  // must end within HANDSHAKE_IVL.
+  const int linger = 2000, ivl = 1000, hb_timeout = 10000;
+  const int rcvhwm = 256, sndhwm = int(svc_.config().client_slots) + 64;
+  const int64_t max_part = int64_t(ipc::max_message_part(std::max<size_t>(svc_.max_payload(), ipc::kMaxMsgPayload)));
   const struct {
     int option;
     int value;
     const char *name;
   } options[] = {{ZMQ_LINGER, linger, "ZMQ_LINGER"},
-                 {ZMQ_SNDHWM, hwm, "ZMQ_SNDHWM"},
-                 {ZMQ_RCVHWM, hwm, "ZMQ_RCVHWM"},
+                 {ZMQ_SNDHWM, sndhwm, "ZMQ_SNDHWM"},
+                 {ZMQ_RCVHWM, rcvhwm, "ZMQ_RCVHWM"},
                  {ZMQ_HEARTBEAT_IVL, ivl, "ZMQ_HEARTBEAT_IVL"},
-                 {ZMQ_HEARTBEAT_TIMEOUT, hb_timeout, "ZMQ_HEARTBEAT_TIMEOUT"}};
+                 {ZMQ_HEARTBEAT_TIMEOUT, hb_timeout, "ZMQ_HEARTBEAT_TIMEOUT"},
+                 {ZMQ_HANDSHAKE_IVL, Service::kHandshakeMs, "ZMQ_HANDSHAKE_IVL"}};
   for (const auto &o : options)
     if (chi_status_t s = ipc::set_zmq_option(router_, o.option, &o.value, sizeof o.value, o.name); s != CHI_OK)
       return s;
+  if (chi_status_t s = ipc::set_zmq_option(router_, ZMQ_MAXMSGSIZE, &max_part, sizeof max_part, "ZMQ_MAXMSGSIZE");
+      s != CHI_OK)
+    return s;
   if (curve_.enabled())
     if (chi_status_t s = curve_.apply(router_); s != CHI_OK) return s;
-  if (zmq_socket_monitor(router_, "inproc://chimaera-router-monitor", ZMQ_EVENT_DISCONNECTED) != 0)
+  if (zmq_socket_monitor(router_, "inproc://chimaera-router-monitor",
+                         ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_ACCEPT_FAILED) != 0)
     return set_error(CHI_ERR_INTERNAL, "zmq_socket_monitor: %s", zmq_strerror(errno));
   monitor_ = zmq_socket(ctx_, ZMQ_PAIR);
   if (!monitor_ || zmq_connect(monitor_, "inproc://chimaera-router-monitor") != 0)
@@ -118,7 +132,19 @@ chi_status_t ZmqListener::bind() {
   int r = zmq_bind(router_, address_.c_str());
   umask(old);
   if (r != 0) return set_error(CHI_ERR_INVALID, "cannot listen on %s: %s", address_.c_str(), zmq_strerror(errno));
-  if (!tcp && chmod(address_.c_str() + 6, 0600) != 0)
+  if (tcp) {
+    char bound[256] = {0};
+    size_t len = sizeof bound - 1;
+    if (zmq_getsockopt(router_, ZMQ_LAST_ENDPOINT, bound, &len) == 0) bound_ = bound;
+    // What libzmq bound, not what the address looked like: without CURVE
+    // only a loopback address may serve.
+    if (!curve_.enabled() && !ipc::is_loopback_endpoint(bound_))
+      return set_error(CHI_ERR_CONFIG, "%s bound %s, beyond this host, without CURVE keys: refused",
+                       address_.c_str(), bound_.empty() ? "an unknown address" : bound_.c_str());
+  }
+  // umask made it 0600 already; this says so for sure, and never through a
+  // symlink that replaced the socket in a folder others can write.
+  if (!tcp && fchmodat(AT_FDCWD, address_.c_str() + 6, 0600, AT_SYMLINK_NOFOLLOW) != 0)
     return set_error(CHI_ERR_PERMISSION, "cannot close %s to others: %s", address_.c_str() + 6, strerror(errno));
   return CHI_OK;
 }
@@ -132,6 +158,14 @@ chi_status_t ZmqListener::start() {
   if (curve_.enabled())
     if (chi_status_t s = curve_.start(); s != CHI_OK) return s;
   log(LogLevel::kInfo, "serving %s%s", address_.c_str(), curve_.enabled() ? " (CURVE, allow-listed client keys)" : "");
+  // A TCP peer has no uid to check: without CURVE, loopback admits every
+  // local user (docs/server.md, "Threat model").
+  if (address_.compare(0, 6, "tcp://") == 0 && !curve_.enabled())
+    log(LogLevel::kWarn,
+        "%s has no CURVE keys: any local user can connect, run tasks, read status and stop this server; "
+        "for one user's clients use shm:// or ipc://, or set server.curve_key_file and "
+        "server.curve_allowed_keys_file",
+        address_.c_str());
   return CHI_OK;
 }
 
@@ -166,14 +200,17 @@ void ZmqListener::io_main() {
     if (items[1].revents & ZMQ_POLLIN) drain_fd(wake_fd_);
     if (items[2].revents & ZMQ_POLLIN) monitor_events();
     if (items[0].revents & ZMQ_POLLIN) receive();
+    enforce_connection_caps();
     if (!gpu_.empty()) gpu_.reap();
     send_completions();
     // Stopping: tasks taken but not started are answered now (only running
     // ones delay the stop).
     if (svc_.stopping()) cancel_tasks(nullptr);
     flush_replies();
+    if (resume_ns_ && now_ns() >= resume_ns_) resume_listening();
     if (now_ns() >= next_sweep_ns_) {
       sweep_sessions(-1);
+      expire_pending();
       // Once a second; every 5 ms for a while after a disconnect event
       // (the descriptor it names may close only after the event).
       next_sweep_ns_ = now_ns() + (quick_sweeps_ ? (--quick_sweeps_, 5000000) : 1000000000);
@@ -255,6 +292,12 @@ bool ZmqListener::handle_frame(const std::string &identity, int fd, const ipc::F
     auto it = sessions_.find(identity);
     s = it == sessions_.end() ? nullptr : &it->second;
   }
+  if (s && fd >= 0 && s->fd >= 0 && fd != s->fd) {
+    // A routing id can be chosen by the peer: a gone client's, back on
+    // another connection, must not carry on its session.
+    drop_session_of_other_connection(identity);
+    s = nullptr;
+  }
   if (!s) {
     // No hello first (or a session we dropped): the peer must connect again.
     log(LogLevel::kInfo, "%s: a frame (kind %u) from a connection with no session: closed", address_.c_str(),
@@ -286,20 +329,28 @@ bool ZmqListener::handle_frame(const std::string &identity, int fd, const ipc::F
 }
 
 void ZmqListener::handle_hello(const std::string &identity, int fd, uint64_t id, const uint8_t *p, uint32_t n) {
+  bool other_connection = false;
   {
     std::lock_guard<std::mutex> lock(sessions_mu_);
-    if (sessions_.count(identity)) {
-      reply(identity, ipc::Kind::kGone, 0, CHI_ERR_PROTOCOL, "hello twice", 11);
-      return;
+    auto it = sessions_.find(identity);
+    if (it != sessions_.end()) {
+      other_connection = fd >= 0 && it->second.fd >= 0 && fd != it->second.fd;
+      if (!other_connection) {
+        reply(identity, ipc::Kind::kGone, 0, CHI_ERR_PROTOCOL, "hello twice", 11);
+        return;
+      }
     }
   }
+  if (other_connection) drop_session_of_other_connection(identity);
   // ipc:// peers are on this host: the service admits only this user.
   ucred cred{};
   cred.uid = uid_t(-1);
-  const bool local = address_.compare(0, 6, "ipc://") == 0 && fd >= 0;
+  // A peer whose uid cannot be told (no descriptor) is refused, not taken
+  // for a TCP one.
+  const bool local = address_.compare(0, 6, "ipc://") == 0;
   if (local) {
     socklen_t len = sizeof cred;
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) cred.uid = uid_t(-1);
+    if (fd < 0 || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) cred.uid = uid_t(-1);
   }
   ipc::Hello hello{};
   std::string why;
@@ -312,6 +363,7 @@ void ZmqListener::handle_hello(const std::string &identity, int fd, uint64_t id,
   s.fd = fd;
   struct stat st;
   if (fd >= 0 && fstat(fd, &st) == 0) s.ino = uint64_t(st.st_ino);
+  settled(fd, s.ino);
   s.tasks = hello.kind == ipc::kSessionTasks;
   {
     std::lock_guard<std::mutex> lock(sessions_mu_);

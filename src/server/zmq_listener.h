@@ -88,6 +88,26 @@ class ZmqListener final : public Listener, public RemoteSink {
   // another connection); `only_fd` >= 0 limits the sweep to one descriptor.
   void sweep_sessions(int only_fd);
   void evict(const std::string &identity, const char *why);
+  // A frame under a session's routing id came on another connection.
+  void drop_session_of_other_connection(const std::string &identity);
+  // Connections without a session (see zmq_sessions.cpp): a new one, one
+  // that said hello, one that closed, those too old; cut() shuts one down.
+  struct Pending {
+    int fd;
+    uint64_t ino;
+    int64_t since_ns;
+  };
+  void accepted(int fd);
+  void enforce_connection_caps();
+  static constexpr int64_t kPendingGraceNs = 250 * 1000000;
+  void settled(int fd, uint64_t ino);
+  void forget_pending(int fd);
+  void expire_pending();
+  void cut(const Pending &p, const char *why);
+  // libzmq retries a failed accept at once, forever: out of descriptors, a
+  // tcp:// listener unbinds for kAcceptPauseMs, then binds again.
+  void accept_failed(int error);
+  void resume_listening();
   // A task of this client session was answered: its counters move.
   void answered(const std::string &identity);
   void track(Task *t);
@@ -105,6 +125,10 @@ class ZmqListener final : public Listener, public RemoteSink {
   void *monitor_ = nullptr;
   int wake_fd_ = -1;
   int lock_fd_ = -1;  // ipc://: PATH.lock, held while serving
+  std::string bound_;  // tcp://: the endpoint libzmq bound (ZMQ_LAST_ENDPOINT)
+  int64_t resume_ns_ = 0;  // I/O thread: > 0 while unbound after running out of descriptors
+  int64_t accept_quiet_ns_ = 0;  // I/O thread: failures before this are part of the last pause
+  uint64_t accept_failures_ = 0, rebind_failures_ = 0;
   std::thread io_;
   std::atomic<bool> quit_{false};
   std::atomic<uint64_t> in_flight_{0};
@@ -122,6 +146,8 @@ class ZmqListener final : public Listener, public RemoteSink {
   // Replies gathered by reply() until flush_replies(): identity, batch.
   std::vector<std::pair<std::string, std::string>> out_;
   std::unordered_map<std::string, size_t> out_index_;  // identity -> its entry in out_
+  std::vector<Pending> pending_;  // I/O thread: oldest first
+  uint64_t cuts_ = 0;             // connections cut, counted and logged now and then
   uint64_t drops_ = 0;  // replies libzmq refused (peer gone or full), counted and logged
   static constexpr size_t kKeptReplyBytes = 16 * 1024;  // a reply buffer kept between turns
 };

@@ -2,6 +2,7 @@
 // and sent as one part, the sessions swept when their connections go, and
 // the end of it all at stop (zmq_listener.cpp has the requests).
 #include <errno.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -9,6 +10,7 @@
 #include <algorithm>
 
 #include "base/log.h"
+#include "config/config.h"
 #include "core/futex.h"
 #include "ipc/zmq_events.h"
 #include "server/zmq_listener.h"
@@ -33,6 +35,7 @@ void ZmqListener::rows(std::vector<ClientRow> *out) {
 
 void ZmqListener::reply(const std::string &identity, ipc::Kind kind, uint64_t id, int32_t status, const void *p,
                         size_t n) {
+  if (identity.empty()) return;  // a task of a session that went (evict): answers no one
   ipc::Frame f;
   f.kind = kind;
   f.id = id;
@@ -80,7 +83,16 @@ void ZmqListener::monitor_events() {
   uint16_t event;
   uint32_t value;
   while (ipc::next_monitor_event(monitor_, &event, &value)) {
+    if (event == ZMQ_EVENT_ACCEPTED) {
+      accepted(int(value));
+      continue;
+    }
+    if (event == ZMQ_EVENT_ACCEPT_FAILED) {
+      accept_failed(int(value));
+      continue;
+    }
     if (event != ZMQ_EVENT_DISCONNECTED) continue;
+    forget_pending(int(value));
     sweep_sessions(int(value));
     quick_sweeps_ = 40;  // a client that left is seen within 5 ms, not at the next 1 s sweep
     next_sweep_ns_ = std::min(next_sweep_ns_, now_ns() + 5000000);
@@ -106,6 +118,138 @@ void ZmqListener::sweep_sessions(int only_fd) {
   for (const std::string &id : gone) evict(id, "connection closed");
 }
 
+// Connections are counted from libzmq's ACCEPTED events (the descriptor is
+// the event's value) until their hello makes a session.  The descriptor is
+// libzmq's: it is only ever shut down (libzmq then sees the end and closes
+// it), and only while it still holds the socket it held at the accept, so a
+// descriptor closed and reused meanwhile is left alone.
+void ZmqListener::accepted(int fd) {
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0) return;
+  {
+    // Events and messages travel on different pipes: its hello may have
+    // come first.
+    std::lock_guard<std::mutex> lock(sessions_mu_);
+    for (auto &kv : sessions_)
+      if (kv.second.fd == fd && kv.second.ino == uint64_t(st.st_ino)) return;
+  }
+  pending_.push_back(Pending{fd, uint64_t(st.st_ino), now_ns()});
+}
+
+// Called after the turn's messages were read, so that hellos already queued
+// settle their connections first.  Beyond max_connections in all, the oldest
+// connection without a hello goes once it had kPendingGraceNs to say it
+// (else the newest): a peer that opens many and stays silent loses its own,
+// and a newcomer that says hello at once gets in.  Below that bound nothing
+// is cut before its time (hello_timeout_ms after the handshake): a job's
+// ranks connecting together under load must all get in, and a ZeroMQ client
+// does not reconnect.  Each waiting connection holds at most one message
+// part (ZMQ_MAXMSGSIZE).
+void ZmqListener::enforce_connection_caps() {
+  if (pending_.empty()) return;
+  size_t sessions;
+  {
+    std::lock_guard<std::mutex> lock(sessions_mu_);
+    sessions = sessions_.size();
+  }
+  const int64_t now = now_ns();
+  const size_t max_all = svc_.max_connections();
+  while (!pending_.empty() && sessions + pending_.size() > max_all) {
+    if (now - pending_.front().since_ns >= kPendingGraceNs) {
+      cut(pending_.front(), "too many connections");
+      pending_.erase(pending_.begin());
+    } else {
+      cut(pending_.back(), "too many connections");
+      pending_.pop_back();
+    }
+  }
+}
+
+void ZmqListener::settled(int fd, uint64_t ino) {
+  for (size_t i = 0; i < pending_.size(); ++i)
+    if (pending_[i].fd == fd && pending_[i].ino == ino) {
+      pending_.erase(pending_.begin() + long(i));
+      return;
+    }
+}
+
+void ZmqListener::forget_pending(int fd) {
+  for (size_t i = 0; i < pending_.size(); ++i)
+    if (pending_[i].fd == fd) {
+      pending_.erase(pending_.begin() + long(i));
+      return;
+    }
+}
+
+void ZmqListener::expire_pending() {
+  const int64_t limit = (int64_t(svc_.config().hello_timeout_ms) + Service::kHandshakeMs) * 1000000;
+  const int64_t now = now_ns();
+  while (!pending_.empty() && now - pending_.front().since_ns > limit) {
+    cut(pending_.front(), "no hello in time");
+    pending_.erase(pending_.begin());
+  }
+}
+
+namespace {
+constexpr int64_t kAcceptPauseNs = 100 * 1000000;
+}  // namespace
+
+void ZmqListener::accept_failed(int error) {
+  if (error != EMFILE && error != ENFILE && error != ENOBUFS && error != ENOMEM) return;
+  // One response per pause, however many failures libzmq reported meanwhile.
+  const int64_t now = now_ns();
+  if (now < accept_quiet_ns_) return;
+  accept_quiet_ns_ = now + kAcceptPauseNs;
+  ++accept_failures_;
+  if ((accept_failures_ & (accept_failures_ - 1)) == 0)
+    log(LogLevel::kWarn, "%s: accept: %s: not accepting for %lld ms (%llu time(s) so far)", address_.c_str(),
+        zmq_strerror(error), (long long)(kAcceptPauseNs / 1000000), (unsigned long long)accept_failures_);
+  // The oldest silent connections go first: often that frees enough.  (Their
+  // clients see the connection end; that is the price of running out.)
+  for (int k = 0; k < 4 && !pending_.empty(); ++k) {
+    cut(pending_.front(), "out of descriptors");
+    pending_.erase(pending_.begin());
+  }
+  // An ipc:// path stays bound (unbinding would hand the path to whoever
+  // binds it next); its peers are this user's processes.
+  if (resume_ns_ || bound_.empty()) return;
+  if (zmq_unbind(router_, bound_.c_str()) != 0) {
+    log(LogLevel::kWarn, "%s: zmq_unbind: %s", address_.c_str(), zmq_strerror(errno));
+    return;
+  }
+  resume_ns_ = accept_quiet_ns_;
+}
+
+void ZmqListener::resume_listening() {
+  if (zmq_bind(router_, bound_.c_str()) == 0) {
+    resume_ns_ = 0;
+    return;
+  }
+  // Still out of descriptors (or the port taken meanwhile): try again later.
+  resume_ns_ = now_ns() + kAcceptPauseNs;
+  ++rebind_failures_;
+  if ((rebind_failures_ & (rebind_failures_ - 1)) == 0)
+    log(LogLevel::kWarn, "%s: cannot listen again yet: %s (%llu time(s) so far)", address_.c_str(),
+        zmq_strerror(errno), (unsigned long long)rebind_failures_);
+}
+
+void ZmqListener::cut(const Pending &p, const char *why) {
+  struct stat st;
+  if (fstat(p.fd, &st) != 0 || uint64_t(st.st_ino) != p.ino) return;  // gone already
+  shutdown(p.fd, SHUT_RDWR);
+  ++cuts_;
+  if ((cuts_ & (cuts_ - 1)) == 0)  // 1, 2, 4, 8...: never a flood
+    log(LogLevel::kWarn, "%s: closed a connection without a session (%s); %llu so far", address_.c_str(), why,
+        (unsigned long long)cuts_);
+}
+
+void ZmqListener::drop_session_of_other_connection(const std::string &identity) {
+  // Replies gathered for the old session this turn go nowhere either.
+  auto it = out_index_.find(identity);
+  if (it != out_index_.end()) out_[it->second].second.clear();
+  evict(identity, "its routing id came back on another connection");
+}
+
 void ZmqListener::evict(const std::string &identity, const char *why) {
   uint32_t id = 0;
   bool tasks = false;
@@ -121,8 +265,12 @@ void ZmqListener::evict(const std::string &identity, const char *why) {
   svc_.session_ended(id);  // outside the lock: it may upload the GPUs' region tables
   if (!tasks) return;
   // Its tasks that no worker started are dropped now; those that run finish
-  // and their replies to a gone peer are dropped.
+  // and their replies go to no one: the routing id may come back as another
+  // peer's (a peer may choose its own), which must not get them.
   const uint32_t dropped = cancel_tasks(&identity);
+  if (queued_.next)
+    for (Task *t = queued_.next; t != &queued_; t = t->next)
+      if (t->identity == identity) t->identity.clear();
   log(LogLevel::kInfo, "%s: client %u gone: %s; %u queued task(s) cancelled", address_.c_str(), id, why, dropped);
 }
 

@@ -16,31 +16,46 @@
 
 #include "chimaera.h"
 
-/* Writes a CURVE key pair: PREFIX.key (the secret, mode 0600, created
- * exclusively so an existing key is never overwritten) and PREFIX.pub. */
+/* Writes a CURVE key pair: PREFIX.key (the secret, mode 0600) and PREFIX.pub.
+ * Both are created exclusively and never through a symlink (O_EXCL makes
+ * open refuse a symlink too, and O_NOFOLLOW says so): in a shared folder,
+ * another user's file or link at either name must not be written into.
+ * An existing name is an error; a half-made pair is removed. */
 static int keygen(const char *prefix) {
   char pub[41], sec[41];
   if (zmq_curve_keypair(pub, sec) != 0) {
     fprintf(stderr, "chimaera-ctl: zmq_curve_keypair: %s (libzmq built without CURVE?)\n", zmq_strerror(errno));
     return 1;
   }
-  char path[4096];
-  snprintf(path, sizeof path, "%s.key", prefix);
-  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    fprintf(stderr, "chimaera-ctl: cannot create %s: %s\n", path, strerror(errno));
+  char key_path[4096], pub_path[4096];
+  if (snprintf(key_path, sizeof key_path, "%s.key", prefix) >= (int)sizeof key_path ||
+      snprintf(pub_path, sizeof pub_path, "%s.pub", prefix) >= (int)sizeof pub_path) {
+    fprintf(stderr, "chimaera-ctl: keygen PREFIX is too long\n");
     return 1;
   }
-  dprintf(fd, "# chimaera CURVE secret key (public key in %s.pub)\n%s\n", prefix, sec);
-  close(fd);
-  snprintf(path, sizeof path, "%s.pub", prefix);
-  fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+  int fd = open(key_path, flags, 0600);
   if (fd < 0) {
-    fprintf(stderr, "chimaera-ctl: cannot create %s: %s\n", path, strerror(errno));
+    fprintf(stderr, "chimaera-ctl: cannot create %s: %s\n", key_path, strerror(errno));
     return 1;
   }
-  dprintf(fd, "%s\n", pub);
-  close(fd);
+  int ok = dprintf(fd, "# chimaera CURVE secret key (public key in %s.pub)\n%s\n", prefix, sec) > 0;
+  ok = close(fd) == 0 && ok;
+  fd = ok ? open(pub_path, flags, 0644) : -1;
+  if (fd < 0) {
+    if (ok) fprintf(stderr, "chimaera-ctl: cannot create %s: %s (remove it, or choose another PREFIX)\n", pub_path,
+                    strerror(errno));
+    else fprintf(stderr, "chimaera-ctl: cannot write %s\n", key_path);
+    unlink(key_path);
+    return 1;
+  }
+  ok = dprintf(fd, "%s\n", pub) > 0;
+  if (close(fd) != 0 || !ok) {
+    fprintf(stderr, "chimaera-ctl: cannot write %s\n", pub_path);
+    unlink(pub_path);
+    unlink(key_path);
+    return 1;
+  }
   printf("%s\n", pub);
   return 0;
 }

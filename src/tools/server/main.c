@@ -11,6 +11,7 @@
 #include <time.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "chimaera.h"
@@ -26,7 +27,19 @@ static void usage(FILE *f) {
           "  --version       print the library version\n");
 }
 
+/* Each shm:// task session holds 3 descriptors (socket, segment, doorbell):
+ * the usual soft limit of 1024 would run out near 340 clients, below
+ * server.max_clients.  The soft limit goes up to the hard one; the server
+ * warns at start if that is still short (chi_server_start). */
+static void raise_descriptor_limit(void) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
+  rl.rlim_cur = rl.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &rl) != 0) perror("chimaera-server: setrlimit(RLIMIT_NOFILE)");
+}
+
 int main(int argc, char **argv) {
+  raise_descriptor_limit();
   const char *config = NULL;
   const char *listen[16];
   int nlisten = 0, workers = 0;

@@ -1,0 +1,16 @@
+# cmake -DFILES="a;b" -P runpath.cmake: fails when a program's RUNPATH or RPATH
+# has an empty entry (glibc reads it as the current folder).
+foreach(f ${FILES})
+  execute_process(COMMAND readelf -d ${f} OUTPUT_VARIABLE out RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "readelf -d ${f} failed")
+  endif()
+  string(REGEX MATCHALL "(runpath|rpath): \\[[^]]*\\]" entries "${out}")
+  foreach(e ${entries})
+    string(REGEX REPLACE ".*\\[([^]]*)\\]" "\\1" path "${e}")
+    if(path STREQUAL "" OR path MATCHES "^:" OR path MATCHES ":$" OR path MATCHES "::")
+      message(FATAL_ERROR "${f}: ${e} has an empty entry: the current folder is searched for libraries")
+    endif()
+    message(STATUS "${f}: ${e}")
+  endforeach()
+endforeach()
