@@ -106,9 +106,10 @@ if has lease && enough 70 "lease timing"; then
     timeout 30 "$BUILD/tests/gpu_breakdown" 1000 2>&1 | grep "clock offset" >"$OUT/lease.txt"
   CHI_LOG_LEVEL=debug CHI_BENCH_LEASE=1 LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64 \
     timeout "$(bound 100)" "$BUILD/src/tools/chimaera-bench" --iters 20000 --warmup 2000 --tput-tasks 100000 \
-    --payload 4096 >>"$OUT/lease.txt" 2>&1
+    --payload 4096 --json-file "$OUT/lease.json" >>"$OUT/lease.txt" 2>&1
   note "lease timing rc=$? ($(( $(date +%s) - t0 )) s):"
-  grep -E "clock offset|launches|successors|FAILED|^gpu0->" "$OUT/lease.txt" >>"$SUMMARY"
+  grep -E "clock offset|launches|successors|FAILED" "$OUT/lease.txt" >>"$SUMMARY"
+  python3 lab/lab compare "$OUT/lease.json" 2>&1 | grep -E '^(row|gpu0->)' >>"$SUMMARY"
 fi
 
 if has payloads && enough 60 "chimaera-bench payload rows"; then
