@@ -195,7 +195,7 @@ void CpuPoller::run(uint32_t part) {
   auto serve_parked = [&](uint64_t &t) { return claims.serve_for_group(t, read_mine, serve_read); };
   // A look reads every other part's claim word, and each read takes the
   // line from its owner, whose next claim then misses: looks every 64 spins
-  // made warp-call rows 25% slower on an H200 (docs/performance.md).  So an
+  // made warp-call rows 25% slower on an H200 (lab/journal/gpu-routes.md).  So an
   // idle poller looks at most every quarter of the steal delay, and every
   // pass only while it is taking a held-up part's tickets.
   const int64_t look_every_ns = std::max<int64_t>(int64_t(cfg.gpu.poller_steal_us) * 250, 1000);

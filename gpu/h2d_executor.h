@@ -73,7 +73,7 @@ class H2dExecutor final : public Executor {
   // Free slots in shards of threads (thread_index() % kFreeShards): a
   // thread that submits and waits takes and returns slots on a head no other
   // thread writes.  One shared queue made two CASes per task on one line
-  // that every submitter moved (H100, 8 submitting threads, docs/performance.md).
+  // that every submitter moved (H100, 8 submitting threads, lab/journal/gpu-routes.md).
   static constexpr uint32_t kFreeShards = 16;
   ShardedFreeStack free_;
   ParkGate *park_ = nullptr;

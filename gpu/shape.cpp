@@ -27,7 +27,7 @@ uint32_t cpu_pollers() {
     log(LogLevel::kWarn, "CHI_GPU_POLLERS=%s ignored (1..16)", e);
   }
   // Measured on an H100 host with 16 hardware threads, chimaera-bench's
-  // "gpu0->cpu 1056 warps" row at 64 bytes (2026-11-27, docs/performance.md):
+  // "gpu0->cpu 1056 warps" row at 64 bytes (2026-11-27, lab/journal/gpu-routes.md):
   // 4 pollers 15-22, 8 pollers 37-41 M tasks/s.  Poller k serves tickets k,
   // k + P, ...: one thread's lone tasks reach each poller every P round
   // trips, so an idle poller spins while any poller of the group serves
@@ -64,7 +64,7 @@ Shape make_shape(const Config &cfg, int sm_count) {
     // "gpu0->local 1056 warps" row at 64 B, 2026-11-27) 4 blocks gave 7.6,
     // 16 blocks 35 M tasks/s, for a footprint on a grid-filling FMA kernel
     // of +1.3-1.5% either way and on a copy kernel of +5.7-6.1% against
-    // +6.6-7.2% (docs/performance.md, "How many orchestrator warps").
+    // +6.6-7.2% (lab/journal/gpu-routes.md, "How many orchestrator warps").
     s.blocks = std::clamp<uint32_t>(sm_count > 0 ? uint32_t(sm_count) / 8 : 1, 1, 16);
   } else if (s.blocks > max_blocks) {
     log(LogLevel::kWarn, "gpu.blocks %u lowered to %u (half of the GPU's %d SMs)", s.blocks,

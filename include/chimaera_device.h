@@ -307,7 +307,7 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
    * carry such an output as LL words, is issued just before it while the
    * wait is young, and the reply is complete when the poll sees it.  With a
    * larger buffer the poll stays one load: on an H100 the pair made every
-   * wait for a 64-byte result about 1 us slower (docs/performance.md).  An
+   * wait for a 64-byte result about 1 us slower (lab/journal/gpu-routes.md).  An
    * output that the poll did not bring is read after the acquire with plain
    * loads, all in flight at once: one more round trip up to 64 bytes
    * (take_reply_output past that). */

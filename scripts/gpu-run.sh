@@ -48,8 +48,8 @@ if has build; then
   t0=$(date +%s)
   # The .debs' .pc files say prefix=/usr: the sysroot maps them to /opt/deps
   # (for this configure only: the install test checks our own .pc file).
-  if PKG_CONFIG_SYSROOT_DIR=/opt/deps cmake -S . -B "$BUILD" -G Ninja -DCHI_ENABLE_CUDA=ON -DCHI_CUDA_ARCHITECTURES=90 \
-      -DCMAKE_CUDA_STANDARD=17 -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$OUT/build.log" 2>&1 &&
+  # The gpu preset of CMakePresets.json: CUDA required, sm_90, RelWithDebInfo.
+  if PKG_CONFIG_SYSROOT_DIR=/opt/deps cmake --preset gpu -B "$BUILD" >"$OUT/build.log" 2>&1 &&
      timeout "$(bound 200)" cmake --build "$BUILD" -j "$JOBS" >>"$OUT/build.log" 2>&1; then
     note "build: ok ($(( $(date +%s) - t0 )) s)"
   else
@@ -72,7 +72,7 @@ if has test; then
   done
   if enough 20 "the other GPU tests (examples)"; then
     s0=$(date +%s)
-    # test_gpu_coexist at other leases: scripts/gpu-lease.sh.
+    # test_gpu_coexist at other leases: lab/lab recipe lease.
     (cd "$BUILD" && timeout "$(bound 90)" ctest -L gpu -E '^(test_gpu|test_gpu_orchestrator|gpu_timing|test_gpu_device_submit)$' \
        --timeout 60 --output-on-failure) >>"$OUT/ctest.log" 2>&1
     note "ctest, other GPU tests ($(( $(date +%s) - s0 )) s):"
@@ -106,14 +106,15 @@ if has lease && enough 70 "lease timing"; then
     timeout 30 "$BUILD/tests/gpu_breakdown" 1000 2>&1 | grep "clock offset" >"$OUT/lease.txt"
   CHI_LOG_LEVEL=debug CHI_BENCH_LEASE=1 LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64 \
     timeout "$(bound 100)" "$BUILD/src/tools/chimaera-bench" --iters 20000 --warmup 2000 --tput-tasks 100000 \
-    --payload 4096 >>"$OUT/lease.txt" 2>&1
+    --payload 4096 --json-file "$OUT/lease.json" >>"$OUT/lease.txt" 2>&1
   note "lease timing rc=$? ($(( $(date +%s) - t0 )) s):"
-  grep -E "clock offset|launches|successors|FAILED|^gpu0->" "$OUT/lease.txt" >>"$SUMMARY"
+  grep -E "clock offset|launches|successors|FAILED" "$OUT/lease.txt" >>"$SUMMARY"
+  python3 lab/lab compare "$OUT/lease.json" 2>&1 | grep -E '^(row|gpu0->)' >>"$SUMMARY"
 fi
 
 if has payloads && enough 60 "chimaera-bench payload rows"; then
   # One chimaera-bench run per payload size (every route, latency and
-  # throughput); scripts/plot-bench.sh --payload draws latency against size.
+  # throughput), JSON beside each table; lab/lab compare reads them.
   mkdir -p "$OUT/payloads"
   for p in ${GPU_RUN_PAYLOADS:-8 64 1024 4096}; do
     enough 40 "chimaera-bench --payload $p" || continue
@@ -122,8 +123,8 @@ if has payloads && enough 60 "chimaera-bench payload rows"; then
       timeout "$(bound 120)" "$BUILD/src/tools/chimaera-bench" --iters ${GPU_RUN_BENCH_ITERS:-20000} --warmup 2000 \
         --tput-tasks 100000 --payload "$p" --json-file "$OUT/payloads/bench-p$p.json" >"$OUT/payloads/bench-p$p.txt" 2>&1
     note "chimaera-bench --payload $p rc=$? ($(( $(date +%s) - t0 )) s):"
-    grep -E '^(floor.gpu|floor.cpu_gpu|cpu->gpu0 |cpu->gpu_any pipelined x8|gpu0->)' "$OUT/payloads/bench-p$p.txt" |
-      cut -c1-112 | tee -a "$SUMMARY"
+    python3 lab/lab compare "$OUT/payloads/bench-p$p.json" 2>&1 |
+      grep -E '^(row|floor.gpu|floor.cpu_gpu|cpu->gpu0 |cpu->gpu_any pipelined x8|gpu0->)' | tee -a "$SUMMARY"
   done
   tar -C "$OUT" -czf "$OUT/payloads.tgz" payloads && rm -rf "$OUT/payloads"
 fi

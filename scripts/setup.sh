@@ -1,17 +1,34 @@
 #!/usr/bin/env bash
-# Installs what a fresh Debian machine lacks, then configures and builds
-# chimaera into build/ (BUILD_DIR overrides).  Sourced by demo.sh and test.sh.
+# Installs what a fresh Debian machine lacks, then configures (the `default`
+# preset of CMakePresets.json: CUDA when nvcc is found) and builds chimaera
+# into build/ (BUILD_DIR overrides; CHI_CMAKE_ARGS adds cmake options).
+# Sourced by demo.sh and test.sh.  CHI_SETUP=demo installs only what the
+# library and chimaera-demo need and builds only that target; the default,
+# CHI_SETUP=all, installs the test, binding and fuzz tools too and builds
+# everything.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${BUILD_DIR:-$root/build}
+setup=${CHI_SETUP:-all}
 
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-# cargo: Debian's (rustc 1.63), the oldest Rust the crates support, always;
-# where ~/.cargo has a newer one, ctest runs the Rust suite with both
-# (rust_cargo_test, rust_cargo_test_debian).  docs/toolchains.md lists the
-# versions.
-for p in cmake ninja-build g++ pkg-config libyaml-dev libcmocka-dev libzmq3-dev jq clang libclang-rt-14-dev gfortran bindgen gnuplot-nox python3 iproute2 hipcc libamdhip64-dev cargo; do
+# The library: a C++20 compiler, CMake and Ninja, libyaml and libzmq.
+pkgs=(cmake ninja-build g++ pkg-config libyaml-dev libzmq3-dev)
+if [ "$setup" = demo ]; then
+  # Tests, examples and bindings stay off until test.sh turns them on.
+  flags=(-DCHI_BUILD_TESTS=OFF -DCHI_BUILD_EXAMPLES=OFF -DCHI_FORTRAN=OFF -DCHI_RUST=OFF)
+  targets=(--target chimaera-demo)
+else
+  # cargo: Debian's (rustc 1.63), the oldest Rust the crates support, always;
+  # where ~/.cargo has a newer one, ctest runs the Rust suite with both
+  # (rust_cargo_test, rust_cargo_test_debian).  docs/toolchains.md lists the
+  # versions.
+  pkgs+=(libcmocka-dev jq clang libclang-rt-14-dev gfortran bindgen gnuplot-nox python3 iproute2 hipcc libamdhip64-dev cargo)
+  flags=(-DCHI_BUILD_TESTS=ON -DCHI_BUILD_EXAMPLES=ON -DCHI_FORTRAN=AUTO -DCHI_RUST=AUTO)
+  targets=()
+fi
+for p in "${pkgs[@]}"; do
   have_pkg "$p" || need+=("$p")
 done
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
@@ -23,5 +40,5 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
-cmake -S "$root" -B "$build" -G Ninja ${CHI_CMAKE_ARGS:-} >/dev/null
-cmake --build "$build" -j2
+(cd "$root" && cmake --preset default -B "$build" "${flags[@]}" ${CHI_CMAKE_ARGS:-} >/dev/null)
+cmake --build "$build" -j2 "${targets[@]}"

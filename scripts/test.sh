@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Quick start, command 2: set up, build, and run every test suite: the main
+# Quick start, command 2: set up (every package the tests use), build
+# everything, and run every test suite: the main
 # build's ctest (C, Rust, Fortran, install, GPU programs skipped without a
 # GPU), then the HIP build (scripts/hip-check.sh: library, GPU tests and
 # examples through Debian's hipcc; skipped without an AMD GPU), then the
@@ -54,8 +55,8 @@ if [ "${CHI_SANITIZERS:-1}" != 0 ]; then
   for san in thread address; do
     sbuild="$build-$san"
     echo "== $san sanitizer build ($sbuild)"
-    cmake -S "$root" -B "$sbuild" -G Ninja -DCHI_SANITIZE=$san -DCHI_ENABLE_CUDA=OFF \
-      -DCHI_FORTRAN=OFF -DCHI_RUST=OFF -DCHI_BUILD_EXAMPLES=OFF >/dev/null
+    # The cpu-tsan and cpu-asan presets: CPU only, no examples or bindings.
+    (cd "$root" && cmake --preset "cpu-${san:0:1}san" -B "$sbuild" >/dev/null)
     cmake --build "$sbuild" -j2
     # Sanitized programs run ~10x slower: the tests scale their loops down.
     CHI_TEST_SCALE=0.1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$root/tests/tsan.supp" \

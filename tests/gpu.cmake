@@ -64,7 +64,7 @@ if(CHI_HAVE_CUDA)
   endforeach()
   set_target_properties(test_gpu_orchestrator PROPERTIES CUDA_RUNTIME_LIBRARY Static)
   # Where a round trip's time goes, stage by stage (a measurement, not a
-  # test: scripts/gpu-run.sh's breakdown step, docs/performance.md).
+  # test: scripts/gpu-run.sh's breakdown step, lab/journal/gpu-routes.md).
   add_executable(gpu_breakdown gpu/gpu_breakdown.cu)
   target_link_libraries(gpu_breakdown PRIVATE chimaera::chimaera PkgConfig::CMOCKA Threads::Threads)
   set_target_properties(gpu_breakdown PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON

@@ -263,7 +263,7 @@ CHI_DEVICE_NOINLINE uint64_t run_local_task(const chi_dev_orch_state_t *st, uint
 /* Built-in methods run by the task's own lane (GPU->GPU, input and output
  * of up to 64 bytes): a round's tasks of these then run side by side, not
  * one after another on the whole warp (on an H100 the 1056-warp echo row
- * went from 35 to 70 M tasks/s at 64 B; docs/performance.md, "Solo
+ * went from 35 to 70 M tasks/s at 64 B; lab/journal/gpu-routes.md, "Solo
  * built-ins").  The same checks (builtin_check) and results as
  * builtin_echo, builtin_add and builtin_checksum; FNV-1a here works on the
  * input in registers, fnv1a64 on memory (both through fnv_byte). */
@@ -429,7 +429,7 @@ CHI_DEVICE_NOINLINE uint32_t serve_bells(const chi_dev_orch_state_t *st, uint32_
        * holds more than one; else dealt out over the warp (deal_tasks).  One
        * per word left most lanes idle once 1056 warps kept 90% of the slots
        * busy (H200: 72 M tasks/s with 8192 slots, 107 with 16384 and the
-       * same tasks in flight: docs/performance.md). */
+       * same tasks in flight: lab/journal/gpu-routes.md). */
       const bool dealt = chi_port::ballot(chi_port::popc(todo) > 1u) != 0;
       uint32_t tw = w, bit = 0u, owner = lane;
       bool has;

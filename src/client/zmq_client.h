@@ -5,7 +5,7 @@
 // While requests are out (and for spin_ns after its last work) the I/O
 // thread polls without blocking, so neither a submit nor a reply has to wake
 // it: a round trip then costs the wake-ups of raw libzmq REQ/REP, not two
-// more (docs/performance.md, ZeroMQ).
+// more (lab/journal/server.md, ZeroMQ).
 #pragma once
 
 #include <atomic>

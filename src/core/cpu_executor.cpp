@@ -174,14 +174,14 @@ chi_status_t CpuExecutor::start() {
   // at most kDefaultMaxSpinners by default: one spinner watches the queues
   // and the rest only stand by, so on a 16-CPU host 4 spinners gave one
   // pipelining thread the throughput of 8 at two thirds of the CPU time,
-  // and 16 submitters as much or more (docs/performance.md).
+  // and 16 submitters as much or more (lab/journal/cpu-engine.md).
   unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
   max_spinners_ = std::max(1u, std::min(n, cfg_.worker_spinners ? cfg_.worker_spinners
                                                                 : std::min(cpus / 2, kDefaultMaxSpinners)));
   // Measured on a 16-CPU host with 16 workers and 16 submitters: taking up
   // to 4 tasks of a shared queue at once took 'cpu->cpu batched x16' from
   // 8.6-12.3 to 13-17 M tasks/s and its p99 from 4 ms to 0.6-3.7 ms; on 2
-  // CPUs it cost the pipelined rows (docs/performance.md).
+  // CPUs it cost the pipelined rows (lab/journal/cpu-engine.md).
   pop_batch_ = cfg_.worker_pop_batch ? cfg_.worker_pop_batch : cpus >= 16 ? 4u : 1u;
   workers_.reserve(n);
   for (uint32_t i = 0; i < n; ++i) {
@@ -546,7 +546,7 @@ bool CpuExecutor::pop_batch(RunQueue &q, QueuedTask *task) {
   if (n == 0) return false;
   // The rest stay with this worker, its next pops (tls_held).  Queued on
   // its own queue instead, so that idle workers could steal them, they cost
-  // most of the gain (H200, docs/performance.md).
+  // most of the gain (H200, lab/journal/cpu-engine.md).
   for (uint32_t i = 1; i < n; ++i) tls_held[i - 1] = got[i];
   tls_held_next = 0;
   tls_held_end = n - 1;
@@ -632,7 +632,7 @@ void CpuExecutor::worker_main(unsigned id) {
       // that goes to sleep later looks at the queues after it says so:
       // the queues are read only when someone sleeps, and from this
       // worker's own first (16 workers all reading one queue's head after
-      // every task took 0.5 us a task on the 16-CPU host, docs/performance.md).
+      // every task took 0.5 us a task on the 16-CPU host, lab/journal/cpu-engine.md).
       // Nor while another worker spins: it takes that work, and it leaves
       // the spin through a look of its own, with a task (this branch) or
       // towards sleep.  Of workers leaving together, each clears its flag

@@ -164,7 +164,7 @@ constexpr unsigned kPollsPerClockRead = 32;  // a clock read costs ~20-50 ns
 // the word (whoever changes it wakes the sleeper).  A yielding waiter costs
 // the one that finishes the task no wake-up: with more waiting processes
 // than CPUs, the server's pollers then spend their time on tasks, not on
-// futex_wake calls (the 256-client sweep, docs/performance.md).  *seen: the word
+// futex_wake calls (the 256-client sweep, lab/journal/server.md).  *seen: the word
 // that ended the wait.  Returns CHI_OK (the task is no longer pending: done,
 // or released by another thread), CHI_ERR_TIMEOUT, or CHI_ERR_DISCONNECTED
 // (from gone()/alive()); sets no message.

@@ -1,7 +1,7 @@
 /*
  * gpu_breakdown: where the time of one GPU round trip goes, stage by stage,
  * for GPU->CPU, GPU->GPU and CPU->GPU, at several payload sizes
- * (docs/performance.md, "Where the time goes").  A measurement, not a test:
+ * (lab/journal/gpu-routes.md, "Where the time goes").  A measurement, not a test:
  * it asserts no time and fails only if a task fails.  Exit 77 without a GPU.
  *
  *   gpu_breakdown [round_trips [payload ...]]     (default 20000 8 64 1024 4096)

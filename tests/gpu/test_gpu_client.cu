@@ -19,7 +19,7 @@
  * Then 8 clients at once.
  * One program in several roles (argv[1]); the controller (no argument) never
  * touches CUDA itself.  Exit 77 without a usable GPU.
- * Extra roles for scripts/gpu-client-check.sh (not run by ctest):
+ * Extra roles for lab/lab recipe client-check (not run by ctest):
  *   share N ADDRESS       N client processes at once, all routes, a rate;
  *   lat ADDRESS | lat     client (or embedded) kernel round trips, p50/p99.
  */

@@ -1,4 +1,4 @@
-// chimaera-bench's GPU rows: the raw floors of PERF.md measured on GPU 0
+// chimaera-bench's GPU rows: the raw floors of docs/performance.md measured on GPU 0
 // (flag ping-pongs through pinned and device memory, GPU->CPU calls from many
 // warps) and what users do today (kernel launch, graph launch,
 // cudaLaunchHostFunc), then every GPU route through the public API with
@@ -36,7 +36,7 @@ constexpr const char *kCpuGpuFloor = "floor.cpu_gpu_pingpong";
 constexpr const char *kGpuCpuFloor = "floor.gpu_cpu_pingpong";
 constexpr const char *kGpuGpuFloor = "floor.gpu_block_pingpong";
 
-// PERF.md targets.
+// docs/performance.md targets.
 constexpr double kCpuGpuTargetP50Ns = 4000.0;
 constexpr double kCpuGpuTargetTput = 5e6;
 constexpr double kGpuCpuTargetP50Ns = 4000.0;
@@ -62,7 +62,7 @@ constexpr unsigned kFloorCallsPerWarp = 2000;
 constexpr uint32_t kSamplesPerWarp = 64;
 constexpr uint32_t kSampleEveryRound = 16;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
-constexpr uint32_t kWarpsPerSm = 8;  // 1056 warps on 132 SMs (PERF.md)
+constexpr uint32_t kWarpsPerSm = 8;  // 1056 warps on 132 SMs (docs/performance.md)
 
 // A kernel's clock64 and globaltimer at the start and end of its timed part:
 // cycles * (g1 - g0) / (c1 - c0) is nanoseconds at the clock the SM ran.

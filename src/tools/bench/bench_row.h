@@ -43,8 +43,8 @@ struct chi_bench_row {
                                linked to a tput-floor floor_throughput /
                                throughput (both: > 1 is slower than the floor);
                                filled by the report                            */
-  double target_p50_ns;     /* PERF.md target; NaN: none                       */
-  double target_throughput; /* PERF.md target, operations/s; NaN: none         */
+  double target_p50_ns;     /* docs/performance.md target; NaN: none                       */
+  double target_throughput; /* docs/performance.md target, operations/s; NaN: none         */
   double cpu_ns_per_op;     /* this process's CPU time (every thread, the runtime's
                                workers included) over the timed span, per
                                operation; NaN: not measured                   */

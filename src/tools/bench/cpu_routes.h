@@ -6,7 +6,7 @@
 
 namespace chi_bench {
 
-// PERF.md targets for CPU->CPU, embedded.
+// docs/performance.md targets for CPU->CPU, embedded.
 inline constexpr double kCpuTargetP50Ns = 1000.0;
 inline constexpr double kCpuTargetThroughput = 20e6;
 

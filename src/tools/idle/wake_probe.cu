@@ -1,7 +1,7 @@
 /*
  * chimaera-wake-probe: what one wake-up costs on this host, the floors under
  * an idle runtime's CPU use and its first task after a quiet spell (issue
- * 22; docs/performance.md, "Idle cost and wake-up").  No chimaera code runs:
+ * 22; lab/journal/idle-wakeup.md, "Idle cost and wake-up").  No chimaera code runs:
  * only the mechanisms the runtime can use.
  *
  *   chimaera-wake-probe [--seconds S] [--period-us P]

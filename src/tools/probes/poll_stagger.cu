@@ -17,7 +17,7 @@
 // loads of the word in flight, G ns apart), an acquire poll with a volatile
 // answer, a volatile poll with a release answer, and a poll beside a load of
 // the next 16 bytes; "nf": no fence after the sighting and a volatile answer,
-// as LL words need.  (docs/bench/h200-2026-11-27g/run7 and run8 ran earlier
+// as LL words need.  (lab/journal/gpu-routes.md: runs 7 and 8 of 2026-11-27 ran earlier
 // lists: volatile loads and staggers followed by __threadfence_system.)
 // Prints p50, p90 and the least round trip in us per mode and round.
 #include <cuda/atomic>

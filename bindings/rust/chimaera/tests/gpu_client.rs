@@ -10,7 +10,7 @@
 //! `$CHI_TEST_CLIENT_KERNEL` (libchi_bindings_client_kernel.so, built from
 //! bindings/tests/client_kernel.cu in CUDA builds, opened with dlopen so that
 //! cargo needs no nvcc).  With `CHI_TEST_REQUIRE_GPU=1` (the GPU machine,
-//! scripts/gpu-bindings.sh) a missing GPU or kernel library fails instead.
+//! lab/lab recipe bindings) a missing GPU or kernel library fails instead.
 
 mod common;
 
