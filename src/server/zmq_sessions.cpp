@@ -107,7 +107,7 @@ void ZmqListener::sweep_sessions(int only_fd) {
 }
 
 void ZmqListener::evict(const std::string &identity, const char *why) {
-  uint32_t id = 0;
+  uint32_t id = 0, running = 0;
   bool tasks = false;
   {
     std::lock_guard<std::mutex> lock(sessions_mu_);
@@ -115,15 +115,24 @@ void ZmqListener::evict(const std::string &identity, const char *why) {
     if (it == sessions_.end()) return;
     id = it->second.id;
     tasks = it->second.tasks;
+    running = it->second.in_flight;
     sessions_.erase(it);
     if (tasks) svc_.left();
   }
-  svc_.session_ended(id);  // outside the lock: it may upload the GPUs' region tables
-  if (!tasks) return;
-  // Its tasks that no worker started are dropped now; those that run finish
-  // and their replies to a gone peer are dropped.
-  const uint32_t dropped = cancel_tasks(&identity);
-  log(LogLevel::kInfo, "%s: client %u gone: %s; %u queued task(s) cancelled", address_.c_str(), id, why, dropped);
+  if (tasks) {
+    // Its tasks that no worker started are dropped now; those that run
+    // finish, and their results go to no one (answered()).
+    const uint32_t dropped = cancel_tasks(id);
+    running -= dropped;
+    log(LogLevel::kInfo, "%s: client %u gone: %s; %u queued task(s) cancelled, %u still running", address_.c_str(),
+        id, why, dropped, running);
+  }
+  // What it registered goes with its last task (a running handler may use
+  // its device memory); outside the lock: it may upload the GPUs' region tables.
+  if (running == 0)
+    svc_.session_ended(id);
+  else
+    ended_[id] = running;
 }
 
 void ZmqListener::finish() {
