@@ -14,6 +14,7 @@
 
 #include <zmq.h>
 
+#include "core/executor.h"
 #include "ipc/frame.h"
 #include "ipc/segment.h"
 #include "ipc/wire.h"
@@ -30,6 +31,7 @@ extern "C" {
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1555,6 +1557,76 @@ void test_rehello_after_eviction(void **) {
   assert_status(CHI_OK, chi_finalize(f.rt));
 }
 
+// A thread stopped by SIGUSR2 wherever it is, until the test lets it go.
+std::atomic<bool> g_held{false}, g_let_go{false};
+void hold_here(int) {
+  g_held.store(true);
+  while (!g_let_go.load()) {
+    timespec ts{0, 1000000};
+    nanosleep(&ts, nullptr);
+  }
+}
+
+// True while thread `tid` of this process sleeps in a futex.
+bool in_futex(pid_t tid) {
+  const std::string path = "/proc/self/task/" + std::to_string(tid) + "/syscall";
+  FILE *f = fopen(path.c_str(), "r");
+  if (!f) return false;
+  long nr = -1;
+  const bool ok = fscanf(f, "%ld", &nr) == 1 && nr == SYS_futex;
+  fclose(f);
+  return ok;
+}
+
+// Two threads wait on one future; one takes the result and submits again,
+// and the slot is used again before the other thread looks: that one lost
+// a race with a consumer, CHI_ERR_INVALID (shm:// once blamed the server
+// with CHI_ERR_PROTOCOL).  The loser is held by a signal while it waits,
+// after it checked the future, so the order is certain.
+void test_wait_loses_to_consumer(void **) {
+#if defined(__SANITIZE_THREAD__)
+  return skip();  // ThreadSanitizer defers signals: the loser would not stop in its wait
+#endif
+  ServerFixture f = start_server();
+  chi_method_t gate = 0;
+  assert_status(CHI_OK, chi_register_handler(f.rt, "test.gate", gate_handler, nullptr, &gate));
+  g_gate_open.store(false);
+  g_held.store(false);
+  g_let_go.store(false);
+  struct sigaction sa {}, old {};
+  sa.sa_handler = hold_here;
+  sigemptyset(&sa.sa_mask);
+  assert_int_equal(sigaction(SIGUSR2, &sa, &old), 0);
+  chi_runtime_t *c = connect_client(f.address);
+  chi_future_t fu = 0;
+  assert_status(CHI_OK, chi_submit(c, CHI_ROUTE_CPU, gate, "x", 1, &fu));
+  std::atomic<pid_t> tid{0};
+  std::atomic<int> lost{1};
+  std::thread loser([&] {
+    tid.store(pid_t(syscall(SYS_gettid)));
+    lost.store(chi_wait(c, fu, -1, nullptr, 0, nullptr));
+  });
+  // Asleep on the task's word: past its check of the future.
+  while (!tid.load() || !in_futex(tid.load())) usleep(1000);
+  pthread_kill(loser.native_handle(), SIGUSR2);
+  while (!g_held.load()) usleep(1000);
+  g_gate_open.store(true);
+  assert_status(CHI_OK, chi_wait(c, fu, -1, nullptr, 0, nullptr));
+  chi_future_t next = 0;
+  assert_status(CHI_OK, chi_submit(c, CHI_ROUTE_CPU, gate, "y", 1, &next));
+  chi::FutureParts a{}, b{};
+  assert_true(chi::decode_future(fu, &a) && chi::decode_future(next, &b));
+  assert_int_equal(a.slot, b.slot);  // the same slot, used again
+  g_let_go.store(true);
+  loser.join();
+  assert_status(CHI_ERR_INVALID, chi_status_t(lost.load()));
+  assert_status(CHI_OK, chi_wait(c, next, -1, nullptr, 0, nullptr));
+  sigaction(SIGUSR2, &old, nullptr);
+  assert_status(CHI_OK, chi_finalize(c));
+  assert_true(settle(f.rt, 0));
+  assert_status(CHI_OK, chi_finalize(f.rt));
+}
+
 std::string write_file(const std::string &name, const std::string &text, mode_t mode) {
   std::string path = g_dir + "/" + name;
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, mode);
@@ -1746,6 +1818,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_gpu_mem_messages),
       cmocka_unit_test(test_malformed_frames),
       cmocka_unit_test(test_rehello_after_eviction),
+      cmocka_unit_test(test_wait_loses_to_consumer),
       cmocka_unit_test(test_curve),
       cmocka_unit_test(test_poller_balance),
       cmocka_unit_test(test_many_clients),
