@@ -8,6 +8,9 @@
  */
 // C++ headers first: cmocka's macros would break them.
 #include <atomic>
+#include <map>
+#include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -1627,6 +1630,253 @@ void test_wait_loses_to_consumer(void **) {
   assert_status(CHI_OK, chi_finalize(f.rt));
 }
 
+// Stateful protocol fuzzing: random sequences of frames per connection
+// (hello, submits alone and batched, status, bye, junk, hello again, a second
+// hello, a dropped connection) from several raw DEALERs at once, against a
+// real ZeroMQ listener whose per-client limit is small, so that submits park.
+// The protocol has no cancel frame: a session that leaves (bye, junk, a
+// dropped connection) with tasks queued has them cancelled.  Each peer
+// models what it may receive; after each sequence the server must have no
+// client task, no CPU slot and no session left, answer status, and serve an
+// honest client (which also runs beside the peers all along).
+// $CHI_TEST_SEQUENCES sequences (default 20), $CHI_TEST_SEED picks them.
+class FuzzPeer {
+ public:
+  // What all peers did and got (printed at the end: the run did something).
+  static inline long welcomes = 0, submits = 0, results = 0, late = 0, gones = 0;
+  FuzzPeer(const std::string &address, int index, chi_method_t sleep)
+      : address_(address), index_(index), sleep_(sleep) {
+    open();
+  }
+  bool live() const { return live_; }
+  uint32_t session() const { return session_; }
+
+  void hello() {
+    const bool twice = live_;
+    chi::ipc::Hello h{chi::ipc::kProtocolVersion, chi_version(), chi::ipc::kSessionTasks, 0};
+    d_->send(chi::ipc::Kind::kHello, 1ull << 63, 0, 0, std::string(reinterpret_cast<char *>(&h), sizeof h));
+    // A second hello is refused (Gone) and the session goes on.
+    chi::ipc::Frame f = await(twice ? chi::ipc::Kind::kGone : chi::ipc::Kind::kWelcome);
+    if (twice) return;
+    assert_int_equal(f.status, CHI_OK);
+    chi::ipc::Welcome w{};
+    memcpy(&w, f.payload, sizeof w);
+    session_ = w.session_id;
+    // From here a result of an earlier session is one too many.
+    ++welcomes;
+    ++epoch_;
+    late_.clear();
+    live_ = true;
+  }
+  // 1-4 submits in one message part.
+  void submit(uint64_t *rng) {
+    const int n = 1 + int(chi_test_rand(rng) % 4 == 0 ? chi_test_rand(rng) % 4 : 0);
+    std::string part;
+    for (int k = 0; k < n; ++k) {
+      Want w;
+      std::string in;
+      chi::ipc::Frame g;
+      g.kind = chi::ipc::Kind::kSubmit;
+      g.id = (uint64_t(epoch_) << 32) | ++seq_;
+      g.route = CHI_ROUTE_CPU;
+      switch (chi_test_rand(rng) % 6) {
+        case 0:
+        case 1: {  // a task on a worker: cancellable while queued
+          const uint64_t us = chi_test_rand(rng) % 2000;
+          in.assign(reinterpret_cast<const char *>(&us), sizeof us);
+          g.method = sleep_;
+          break;
+        }
+        case 2: {
+          in.assign(size_t(chi_test_rand(rng) % 64), char('a' + index_));
+          g.method = CHI_METHOD_ECHO;
+          w.out = in;
+          break;
+        }
+        case 3: {
+          const uint64_t ab[2] = {chi_test_rand(rng) % 1000, chi_test_rand(rng) % 1000};
+          in.assign(reinterpret_cast<const char *>(ab), sizeof ab);
+          g.method = CHI_METHOD_ADD;
+          const uint64_t sum = ab[0] + ab[1];
+          w.out.assign(reinterpret_cast<const char *>(&sum), sizeof sum);
+          break;
+        }
+        case 4:
+          g.method = 999999;
+          w.status = CHI_ERR_NOT_FOUND;
+          break;
+        default:
+          g.method = CHI_METHOD_ECHO;
+          g.route = -77;
+          w.status = CHI_ERR_INVALID;
+          break;
+      }
+      g.payload = reinterpret_cast<const uint8_t *>(in.data());
+      g.size = uint32_t(in.size());
+      chi::ipc::append_frame(g, &part);
+      ++submits;
+      if (live_) want_[g.id] = w;
+      if (!live_) break;  // without a session the first frame ends the part
+    }
+    d_->send(part);
+    if (!live_) await(chi::ipc::Kind::kGone);
+  }
+  void status() {
+    d_->send(frame_bytes(chi::ipc::Kind::kControl, 77, "", 0, uint32_t(chi::ipc::Op::kStatus), 0));
+    chi::ipc::Frame f = await(live_ ? chi::ipc::Kind::kControlReply : chi::ipc::Kind::kGone);
+    if (live_) assert_int_equal(f.status, CHI_OK);
+  }
+  void bye() {
+    d_->send(chi::ipc::Kind::kBye, 0, 0, 0, "");
+    if (!live_) {
+      await(chi::ipc::Kind::kGone);
+      return;
+    }
+    leave();  // no answer to a bye
+  }
+  void junk(uint64_t *rng) {
+    std::string j(size_t(1 + chi_test_rand(rng) % 40), '\0');
+    for (char &c : j) c = char(chi_test_rand(rng));
+    d_->send(j);
+    leave();
+    await(chi::ipc::Kind::kGone);
+  }
+  void drop() {
+    d_.reset();
+    open();
+  }
+  // Every result the live session owes arrives.
+  void drain() {
+    while (live_ && !want_.empty()) take_one();
+  }
+  void close() { d_.reset(); }
+
+ private:
+  struct Want {
+    int32_t status = CHI_OK;
+    std::string out;
+  };
+  void open() {
+    d_ = std::make_unique<RawDealer>(address_);
+    live_ = false;
+    want_.clear();
+    late_.clear();
+  }
+  void leave() {
+    // Results it owes may still come, until the next session starts.
+    for (auto &kv : want_) late_.insert(kv.first);
+    want_.clear();
+    live_ = false;
+  }
+  // The next frame; a result is checked and consumed here.
+  chi::ipc::Frame take_one() {
+    chi::ipc::Frame f;
+    if (!d_->recv(&f)) fail_msg("peer %d (session %u): no frame within the receive timeout", index_, session_);
+    if (f.kind == chi::ipc::Kind::kGone) ++gones;
+    if (f.kind != chi::ipc::Kind::kResult) return f;
+    ++results;
+    auto it = want_.find(f.id);
+    if (it == want_.end()) {
+      if (!late_.erase(f.id))
+        fail_msg("peer %d (session %u): a result for id %#llx, which this session did not submit (or twice)",
+                 index_, session_, (unsigned long long)f.id);
+      ++late;
+      return f;
+    }
+    if (f.status != it->second.status)
+      fail_msg("peer %d: id %#llx answered %d, want %d", index_, (unsigned long long)f.id, f.status,
+               it->second.status);
+    if (f.status == CHI_OK && std::string(reinterpret_cast<const char *>(f.payload), f.size) != it->second.out)
+      fail_msg("peer %d: id %#llx: wrong output", index_, (unsigned long long)f.id);
+    want_.erase(it);
+    return f;
+  }
+  chi::ipc::Frame await(chi::ipc::Kind kind) {
+    for (;;) {
+      chi::ipc::Frame f = take_one();
+      if (f.kind == chi::ipc::Kind::kResult) continue;
+      if (f.kind != kind) fail_msg("peer %d: frame kind %u, want %u", index_, unsigned(f.kind), unsigned(kind));
+      return f;
+    }
+  }
+
+  std::string address_;
+  int index_;
+  chi_method_t sleep_;
+  std::unique_ptr<RawDealer> d_;
+  bool live_ = false;
+  uint32_t session_ = 0, epoch_ = 0, seq_ = 0;
+  std::map<uint64_t, Want> want_;  // the live session's submits not answered yet
+  std::set<uint64_t> late_;        // a session that left: results that may still come
+};
+
+void test_protocol_sequences(void **) {
+  if (g_transport == "shm") return skip();
+  const char *n_env = getenv("CHI_TEST_SEQUENCES");
+  const char *seed_env = getenv("CHI_TEST_SEED");
+  const long sequences = n_env ? atol(n_env) : chi_test_scaled(20);
+  uint64_t rng = seed_env ? strtoull(seed_env, nullptr, 0) : 0x5eed;
+  if (!rng) rng = 1;
+  print_message("  %ld sequences, seed %#llx\n", sequences, (unsigned long long)rng);
+  ServerFixture f = start_server("server:\n  client_max_in_flight: 3\n");
+  chi_runtime_t *honest = connect_client(f.address);
+  std::atomic<bool> done{false};
+  std::atomic<long> bad{0}, served{0};
+  std::thread beside([&] {
+    for (uint64_t i = 0; !done.load(); ++i) {
+      uint64_t in[2] = {i, 7}, out = 0;
+      chi_future_t fu;
+      if (chi_submit(honest, CHI_ROUTE_CPU, CHI_METHOD_ADD, in, sizeof in, &fu) != CHI_OK ||
+          chi_wait(honest, fu, -1, &out, sizeof out, nullptr) != CHI_OK || out != i + 7)
+        ++bad;
+      ++served;
+      usleep(500);
+    }
+  });
+  for (long n = 0; n < sequences; ++n) {
+    std::vector<std::unique_ptr<FuzzPeer>> peers;
+    for (int k = 0; k < 3; ++k) peers.push_back(std::make_unique<FuzzPeer>(f.address, k, f.sleep_method));
+    for (int step = 0; step < 24; ++step) {
+      FuzzPeer &p = *peers[chi_test_rand(&rng) % peers.size()];
+      const unsigned r = unsigned(chi_test_rand(&rng) % 100);
+      if (!p.live() && r < 70) p.hello();
+      else if (r < 50) p.submit(&rng);
+      else if (r < 62) p.status();
+      else if (r < 72) p.bye();
+      else if (r < 82) p.junk(&rng);
+      else if (r < 88) p.hello();  // a second hello (or the first)
+      else if (r < 94) p.drop();
+      else p.submit(&rng);
+    }
+    for (auto &p : peers) {
+      p->drain();
+      // Its count went back to 0 (it once wrapped below 0 after a hello again).
+      const std::string row = p->live() ? status_row(f.address, p->session()) : "";
+      if (p->live() && row.find("\"in_flight\":0}") == std::string::npos)
+        fail_msg("sequence %ld: session %u answered all, yet: %s", n, p->session(), row.c_str());
+    }
+    peers.clear();
+    if (!settle(f.rt, 1)) {
+      const chi_stats_t st = stats_of(f.rt);
+      fail_msg("sequence %ld: clients %u, client tasks in flight %llu, CPU slots in use %llu", n, st.clients,
+               (unsigned long long)st.routes[CHI_STATS_CLIENT].in_flight, (unsigned long long)st.slots_in_use);
+    }
+    char reply[8192];
+    assert_status(CHI_OK, chi_server_query(f.address.c_str(), "status", reply, sizeof reply, nullptr));
+    const long before = served.load();
+    while (served.load() < before + 2) usleep(1000);  // the honest client is served
+  }
+  done.store(true);
+  beside.join();
+  print_message("  %ld welcomes, %ld submits, %ld results (%ld after their session left), %ld gone; honest: %ld\n",
+                FuzzPeer::welcomes, FuzzPeer::submits, FuzzPeer::results, FuzzPeer::late, FuzzPeer::gones,
+                served.load());
+  assert_int_equal(bad.load(), 0);
+  assert_status(CHI_OK, chi_finalize(honest));
+  assert_true(settle(f.rt, 0));
+  assert_status(CHI_OK, chi_finalize(f.rt));
+}
+
 std::string write_file(const std::string &name, const std::string &text, mode_t mode) {
   std::string path = g_dir + "/" + name;
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, mode);
@@ -1819,6 +2069,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_malformed_frames),
       cmocka_unit_test(test_rehello_after_eviction),
       cmocka_unit_test(test_wait_loses_to_consumer),
+      cmocka_unit_test(test_protocol_sequences),
       cmocka_unit_test(test_curve),
       cmocka_unit_test(test_poller_balance),
       cmocka_unit_test(test_many_clients),
