@@ -123,7 +123,7 @@ unsigned Session::poll(unsigned budget) {
       break;
     }
     const uint32_t gen = ipc::slot_gen(rec.word);
-    // Stale ticket out before busy: cancel_queued must never pair busy with an old task's (slot, gen).
+    // Ticket cleared first: cancel_queued must never see busy_ with an old task's ticket.
     ticket_[slot].store(0, std::memory_order_relaxed);
     busy_[slot].store(1, std::memory_order_release);
     counters_.in_flight.fetch_add(1, std::memory_order_relaxed);
@@ -163,7 +163,7 @@ uint32_t Session::cancel_queued(chi_status_t answer) {
   if (!seg_.base) return 0;
   uint32_t n = 0;
   for (uint32_t slot = 0; slot < seg_.layout.nslots; ++slot) {
-    // Busy first: seen set by poll(), it orders the ticket read after poll's clearing of a stale one.
+    // busy_ first: once set by poll(), the ticket read comes after poll's clearing.
     if (!busy_[slot].load(std::memory_order_acquire)) continue;
     const uint64_t t = ticket_[slot].load(std::memory_order_acquire);
     if (!(t & kTicket)) continue;

@@ -124,8 +124,8 @@ void ZmqListener::evict(const std::string &identity, const char *why) {
     // finish, and their results go to no one (answered()).
     const uint32_t dropped = cancel_tasks(id);
     running -= dropped;
-    log(LogLevel::kInfo, "%s: client %u gone: %s; %u queued task(s) cancelled, %u still running", address_.c_str(),
-        id, why, dropped, running);
+    log(LogLevel::kInfo, "%s: client %u gone: %s; %u queued task(s) cancelled, %u still running",
+        address_.c_str(), id, why, dropped, running);
   }
   // What it registered goes with its last task (a running handler may use
   // its device memory); outside the lock: it may upload the GPUs' region tables.
