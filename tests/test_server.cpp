@@ -1639,7 +1639,8 @@ void test_wait_loses_to_consumer(void **) {
 // models what it may receive; after each sequence the server must have no
 // client task, no CPU slot and no session left, answer status, and serve an
 // honest client (which also runs beside the peers all along).
-// $CHI_TEST_SEQUENCES sequences (default 20), $CHI_TEST_SEED picks them.
+// $CHI_TEST_SEQUENCES sequences (default 20, times $CHI_TEST_SCALE),
+// $CHI_TEST_SEED picks them.
 class FuzzPeer {
  public:
   // What all peers did and got (printed at the end: the run did something).
@@ -1814,7 +1815,7 @@ void test_protocol_sequences(void **) {
   if (g_transport == "shm") return skip();
   const char *n_env = getenv("CHI_TEST_SEQUENCES");
   const char *seed_env = getenv("CHI_TEST_SEED");
-  const long sequences = n_env ? atol(n_env) : chi_test_scaled(20);
+  const long sequences = chi_test_scaled(n_env ? atol(n_env) : 20);
   uint64_t rng = seed_env ? strtoull(seed_env, nullptr, 0) : 0x5eed;
   if (!rng) rng = 1;
   print_message("  %ld sequences, seed %#llx\n", sequences, (unsigned long long)rng);
