@@ -1560,6 +1560,41 @@ void test_rehello_after_eviction(void **) {
   assert_status(CHI_OK, chi_finalize(f.rt));
 }
 
+// status-json's "leaving" list (clients gone whose tasks still run).
+std::string leaving(const std::string &address) {
+  static char reply[65536];
+  assert_status(CHI_OK, chi_server_query(address.c_str(), "status-json", reply, sizeof reply, nullptr));
+  const char *at = strstr(reply, "\"leaving\":[");
+  assert_non_null(at);
+  return std::string(at + 11, strchr(at, ']') - at - 11);
+}
+
+// A client that leaves while a task of its runs is listed as leaving until
+// that task ends: the same count decides when what it registered (client
+// device memory, which the running handler may use) is unregistered and
+// unmapped, no longer at disconnect.  (The unmapping itself needs a GPU.)
+void test_gone_client_kept_until_its_tasks_end(void **) {
+  ServerFixture f = start_server();
+  chi_method_t gate = 0;
+  assert_status(CHI_OK, chi_register_handler(f.rt, "test.gate", gate_handler, nullptr, &gate));
+  g_gate_open.store(false);
+  const long started = g_gate_started.load();
+  chi_runtime_t *c = connect_client(f.address);
+  chi_future_t fu;
+  assert_status(CHI_OK, chi_submit(c, CHI_ROUTE_CPU, gate, "x", 1, &fu));
+  while (g_gate_started.load() == started) usleep(1000);
+  assert_string_equal(leaving(f.address).c_str(), "");
+  assert_status(CHI_OK, chi_finalize(c));
+  std::string gone;
+  for (int i = 0; i < 3000 && (gone = leaving(f.address)).empty(); ++i) usleep(10000);
+  if (gone.find("\"in_flight\":1}") == std::string::npos) fail_msg("leaving: [%s]", gone.c_str());
+  g_gate_open.store(true);
+  for (int i = 0; i < 3000 && !(gone = leaving(f.address)).empty(); ++i) usleep(10000);
+  assert_string_equal(gone.c_str(), "");
+  assert_true(settle(f.rt, 0));
+  assert_status(CHI_OK, chi_finalize(f.rt));
+}
+
 // A thread stopped by SIGUSR2 wherever it is, until the test lets it go.
 std::atomic<bool> g_held{false}, g_let_go{false};
 void hold_here(int) {
@@ -1862,6 +1897,9 @@ void test_protocol_sequences(void **) {
       fail_msg("sequence %ld: clients %u, client tasks in flight %llu, CPU slots in use %llu", n, st.clients,
                (unsigned long long)st.routes[CHI_STATS_CLIENT].in_flight, (unsigned long long)st.slots_in_use);
     }
+    // No session left behind with a count that never reaches 0.
+    const std::string gone = leaving(f.address);
+    if (!gone.empty()) fail_msg("sequence %ld: leaving: [%s]", n, gone.c_str());
     char reply[8192];
     assert_status(CHI_OK, chi_server_query(f.address.c_str(), "status", reply, sizeof reply, nullptr));
     const long before = served.load();
@@ -2070,6 +2108,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_malformed_frames),
       cmocka_unit_test(test_rehello_after_eviction),
       cmocka_unit_test(test_wait_loses_to_consumer),
+      cmocka_unit_test(test_gone_client_kept_until_its_tasks_end),
       cmocka_unit_test(test_protocol_sequences),
       cmocka_unit_test(test_curve),
       cmocka_unit_test(test_poller_balance),

@@ -410,6 +410,10 @@ void ShmListener::rows(std::vector<ClientRow> *out) {
     if (s->kind() == ipc::kSessionTasks)
       out->push_back({s->id(), int(s->pid()), unsigned(s->uid()), s->submitted(), s->finished(), s->in_flight(),
                       s->registered ? int(s->poller) : -1});
+  for (Session *s : detached_)
+    if (s->kind() == ipc::kSessionTasks && s->in_flight())
+      out->push_back({s->id(), int(s->pid()), unsigned(s->uid()), s->submitted(), s->finished(), s->in_flight(), -1,
+                      true});
 }
 
 }  // namespace chi

@@ -15,12 +15,21 @@ namespace chi {
 std::string status_text(Service &service, bool json) {
   Runtime &rt = service.runtime();
   std::string addrs;
-  std::vector<ClientRow> rows;
+  std::vector<ClientRow> rows, gone;
   size_t pollers = 0;
   for (Listener *l : service.listeners()) {
     addrs += (addrs.empty() ? "" : " ") + l->address();
     l->rows(&rows);
     pollers += l->pollers();
+  }
+  // Clients gone with tasks still running are listed apart ("leaving").
+  for (auto it = rows.begin(); it != rows.end();) {
+    if (it->gone) {
+      gone.push_back(*it);
+      it = rows.erase(it);
+    } else {
+      ++it;
+    }
   }
   chi_stats_t st;
   rt.read_stats(&st);
@@ -82,6 +91,12 @@ std::string status_text(Service &service, bool json) {
       if (rows[i].poller >= 0) out += ",\"poller\":" + std::to_string(rows[i].poller);
       out += "}";
     }
+    out += "],\"leaving\":[";
+    for (size_t i = 0; i < gone.size(); ++i) {
+      snprintf(line, sizeof line, "%s{\"id\":%u,\"pid\":%d,\"in_flight\":%u}", i ? "," : "", gone[i].id,
+               gone[i].pid, gone[i].in_flight);
+      out += line;
+    }
     out += "],\"routes\":{";
     for (int r = 0; r < 3; ++r) {
       const chi_route_stats_t &x = st.routes[r];
@@ -115,6 +130,12 @@ std::string status_text(Service &service, bool json) {
     snprintf(line, sizeof line, "  %-6u %-8d %-6u %10llu %12llu %10u  %6s\n", r.id, r.pid, r.uid,
              (unsigned long long)r.submitted, (unsigned long long)r.finished, r.in_flight, poller);
     out += line;
+  }
+  // Their device memory is kept until these tasks end (docs/server.md).
+  if (!gone.empty()) {
+    out += "leaving:  " + std::to_string(gone.size()) + " client(s) gone, tasks still running:";
+    for (const ClientRow &r : gone) out += " " + std::to_string(r.id) + " (" + std::to_string(r.in_flight) + ")";
+    out += "\n";
   }
   out += "route     submitted   completed      failed  in-flight     p50 ns     p99 ns\n";
   for (int r = 0; r < 3; ++r) {

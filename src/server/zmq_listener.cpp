@@ -413,11 +413,17 @@ bool ZmqListener::answered(const std::string &identity, uint32_t session) {
       return true;
     }
   }
-  auto e = ended_.find(session);
-  if (e != ended_.end() && --e->second == 0) {
-    ended_.erase(e);
-    svc_.session_ended(session);  // its last task ended: its device memory may go
+  bool last = false;
+  {
+    std::lock_guard<std::mutex> lock(sessions_mu_);
+    auto e = ended_.find(session);
+    if (e != ended_.end()) {
+      ++e->second.finished;
+      last = --e->second.in_flight == 0;
+      if (last) ended_.erase(e);
+    }
   }
+  if (last) svc_.session_ended(session);  // its last task ended: its device memory may go
   return false;
 }
 

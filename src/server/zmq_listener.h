@@ -111,10 +111,10 @@ class ZmqListener final : public Listener, public RemoteSink {
   std::thread io_;
   std::atomic<bool> quit_{false};
   std::atomic<uint64_t> in_flight_{0};
-  std::mutex sessions_mu_;  // sessions_: I/O thread writes, rows() reads
+  std::mutex sessions_mu_;  // sessions_ and ended_: I/O thread writes, rows() reads
   std::unordered_map<std::string, Session> sessions_;
-  // I/O thread: sessions evicted while tasks of theirs ran -> how many still run.
-  std::unordered_map<uint32_t, uint32_t> ended_;
+  // Sessions evicted while tasks of theirs ran, by id, until the last ends.
+  std::unordered_map<uint32_t, Session> ended_;
   int64_t next_sweep_ns_ = 0;
   int quick_sweeps_ = 0;  // sweeps left at 5 ms intervals after a disconnect event
   std::mutex done_mu_;
