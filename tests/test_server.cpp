@@ -1236,11 +1236,13 @@ std::string frame_bytes(chi::ipc::Kind kind, uint64_t id, const std::string &pay
 struct RawDealer {
   void *ctx = zmq_ctx_new();
   void *sock = nullptr;
-  explicit RawDealer(const std::string &address) {
+  // routing_id: the identity the ROUTER knows it by (else one of libzmq's).
+  explicit RawDealer(const std::string &address, const std::string &routing_id = "") {
     sock = zmq_socket(ctx, ZMQ_DEALER);
     int linger = 0, timeout = 10000;
     zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(sock, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    if (!routing_id.empty()) zmq_setsockopt(sock, ZMQ_ROUTING_ID, routing_id.data(), routing_id.size());
     assert_int_equal(zmq_connect(sock, address.c_str()), 0);
   }
   ~RawDealer() {
@@ -1508,33 +1510,51 @@ bool client_tasks_settled(chi_runtime_t *server) {
   return false;
 }
 
+// status-json's "leaving" list (clients gone whose tasks still run).
+std::string leaving(const std::string &address) {
+  static char reply[65536];
+  assert_status(CHI_OK, chi_server_query(address.c_str(), "status-json", reply, sizeof reply, nullptr));
+  const char *at = strstr(reply, "\"leaving\":[");
+  assert_non_null(at);
+  return std::string(at + 11, strchr(at, ']') - at - 11);
+}
+
 // A ZeroMQ peer evicted (malformed frame, or bye) while a task of its runs,
 // that says hello again on the same connection, gets a new session which
 // owes nothing: the old task's end neither reaches that session nor moves
 // its in-flight count (it once wrapped to 2^32-1, the peer's next submit was
-// parked for good and the listener served no ZeroMQ client any more).
+// parked for good and the listener served no ZeroMQ client any more).  The
+// same for another peer that connects with the identity of one that left.
 void test_rehello_after_eviction(void **) {
   if (g_transport == "shm") return skip();  // a ZeroMQ session's identity
   ServerFixture f = start_server();
   chi_method_t gate = 0;
   assert_status(CHI_OK, chi_register_handler(f.rt, "test.gate", gate_handler, nullptr, &gate));
   using chi::ipc::Kind;
-  for (const bool bye : {false, true}) {
+  enum How { kJunk, kBye, kOtherPeer };
+  for (const How how : {kJunk, kBye, kOtherPeer}) {
     g_gate_open.store(false);
     const long started = g_gate_started.load();
-    RawDealer d(f.address);
-    const uint32_t first = d.hello();
-    d.send(Kind::kSubmit, 7, gate, CHI_ROUTE_CPU, "x");
+    const std::string identity = "peer-" + std::to_string(getpid()) + "-" + std::to_string(int(how));
+    auto d = std::make_unique<RawDealer>(f.address, identity);
+    const uint32_t first = d->hello();
+    d->send(Kind::kSubmit, 7, gate, CHI_ROUTE_CPU, "x");
     while (g_gate_started.load() == started) usleep(1000);  // a worker runs it: it cannot be cancelled
     chi::ipc::Frame r;
-    if (bye) {
-      d.send(Kind::kBye, 0, 0, 0, "");
-    } else {
-      d.send("not a frame");
-      assert_true(d.recv(&r));
+    if (how == kBye) {
+      d->send(Kind::kBye, 0, 0, 0, "");
+    } else if (how == kJunk) {
+      d->send("not a frame");
+      assert_true(d->recv(&r));
       assert_int_equal(int(r.kind), int(Kind::kGone));
+    } else {
+      // Gone: once the server has seen it, another peer takes its identity.
+      d.reset();
+      for (int i = 0; i < 3000 && stats_of(f.rt).clients != 0; ++i) usleep(10000);
+      assert_int_equal(stats_of(f.rt).clients, 0);
+      d = std::make_unique<RawDealer>(f.address, identity);
     }
-    const uint32_t second = d.hello();
+    const uint32_t second = d->hello();
     assert_true(second != first);
     g_gate_open.store(true);
     assert_true(client_tasks_settled(f.rt));
@@ -1543,9 +1563,9 @@ void test_rehello_after_eviction(void **) {
       fail_msg("session %u after the old task ended: %s", second, row.c_str());
     // The new session is served; the old task's result never reaches it.
     uint64_t in[2] = {40, 2};
-    d.send(Kind::kSubmit, 8, CHI_METHOD_ADD, CHI_ROUTE_CPU, std::string(reinterpret_cast<char *>(in), sizeof in));
+    d->send(Kind::kSubmit, 8, CHI_METHOD_ADD, CHI_ROUTE_CPU, std::string(reinterpret_cast<char *>(in), sizeof in));
     do {
-      assert_true(d.recv(&r));
+      assert_true(d->recv(&r));
       assert_int_equal(int(r.kind), int(Kind::kResult));
       assert_int_not_equal(r.id, 7);
     } while (r.id != 8);
@@ -1558,15 +1578,6 @@ void test_rehello_after_eviction(void **) {
   }
   assert_true(settle(f.rt, 0));
   assert_status(CHI_OK, chi_finalize(f.rt));
-}
-
-// status-json's "leaving" list (clients gone whose tasks still run).
-std::string leaving(const std::string &address) {
-  static char reply[65536];
-  assert_status(CHI_OK, chi_server_query(address.c_str(), "status-json", reply, sizeof reply, nullptr));
-  const char *at = strstr(reply, "\"leaving\":[");
-  assert_non_null(at);
-  return std::string(at + 11, strchr(at, ']') - at - 11);
 }
 
 // A client that leaves while a task of its runs is listed as leaving until
