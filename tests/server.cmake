@@ -39,3 +39,12 @@ if(TARGET chimaera-server AND TARGET chimaera-ctl)
     $<TARGET_FILE:chimaera-server> $<TARGET_FILE:chimaera-ctl>)
   set_tests_properties(test_server_listen PROPERTIES TIMEOUT 60 LABELS server)
 endif()
+
+# Stateful protocol fuzzing (test_protocol_sequences): random frame sequences
+# per connection against a real ZeroMQ listener, invariants checked after
+# each; the default runs above do 20 sequences, these 500 (a count, not a time).
+foreach(transport ipc tcp)
+  add_test(NAME test_server_sequences_${transport} COMMAND test_server)
+  set_tests_properties(test_server_sequences_${transport} PROPERTIES TIMEOUT 300 LABELS server
+    ENVIRONMENT "CHI_TEST_TRANSPORT=${transport};CHI_TEST_FILTER=test_protocol_sequences;CHI_TEST_SEQUENCES=500")
+endforeach()

@@ -228,13 +228,27 @@ chi_status_t ShmClient::wait(uint32_t i, uint32_t gen, int64_t timeout_ns, void 
                                      [&] { return server_alive(); }, &w);
   if (ws == CHI_ERR_DISCONNECTED) return disconnected("chi_wait");
   if (ws != CHI_OK) return set_error(ws, "task not finished within %lld ns", (long long)timeout_ns);
-  if ((w & ~slot::kSleeper) != slot::word(gen, slot::kDone))
+  // Another thread may have consumed the future meanwhile, and the slot
+  // been used again: the segment then shows another task, and only the
+  // private word says whether this future is still live.
+  auto consumed = [&] {
+    std::atomic_thread_fence(std::memory_order_acquire);  // after the segment reads above
+    return mine_[i].load(std::memory_order_relaxed) != slot::word(gen, slot::kPending);
+  };
+  if ((w & ~slot::kSleeper) != slot::word(gen, slot::kDone)) {
+    if (consumed()) return set_error(CHI_ERR_INVALID, "stale future: consumed by another thread");
     return set_error(CHI_ERR_PROTOCOL, "the server wrote slot %u's state word %#x while its task was pending", i, w);
+  }
+  // Read before the claim (CHI_ERR_TOO_LARGE leaves the future valid): this
+  // task's result if the claim succeeds, or, on a refusal, if no other
+  // thread consumed the future meanwhile.
   ipc::TaskResult r;
-  if (!ipc::read_result(seg_, i, &r))
-    return set_error(CHI_ERR_PROTOCOL, "the server wrote an output of %u bytes into a %u-byte slot", r.size,
-                     seg_.layout.max_payload);
-  if (output && output_capacity < r.size) {
+  const bool fits = ipc::read_result(seg_, i, &r);
+  if (!fits || (output && output_capacity < r.size)) {
+    if (consumed()) return set_error(CHI_ERR_INVALID, "stale future: consumed by another thread");
+    if (!fits)
+      return set_error(CHI_ERR_PROTOCOL, "the server wrote an output of %u bytes into a %u-byte slot", r.size,
+                       seg_.layout.max_payload);
     if (output_size) *output_size = r.size;
     return set_error(CHI_ERR_TOO_LARGE, "output of %u bytes does not fit a %zu-byte buffer", r.size,
                      output_capacity);

@@ -432,6 +432,7 @@ bool ZmqClient::io_frame(const ipc::Frame &f) {
       if (slot::gen_of(w) == gen && slot::state_of(w) == slot::kPending) {
         s.data.assign(f.payload, f.payload + f.size);
         s.status = f.status;
+        s.output_size.store(f.size, std::memory_order_release);
       }
       if (slot::publish(s.word, gen) == slot::kOrphan) free_slot(i);  // released before its result came
     }
@@ -535,12 +536,22 @@ chi_status_t ZmqClient::wait(uint32_t i, uint32_t gen, int64_t timeout_ns, void 
   if (ws == CHI_ERR_DISCONNECTED) return disconnected("chi_wait");
   if (ws != CHI_OK) return set_error(ws, "task not finished within %lld ns", (long long)timeout_ns);
   if (w != slot::word(gen, slot::kDone)) return set_error(CHI_ERR_INVALID, "stale future: already waited on or released");
-  const size_t size = s.data.size();
-  if (output && output_capacity < size) {
-    if (output_size) *output_size = size;
-    return set_error(CHI_ERR_TOO_LARGE, "output of %zu bytes does not fit a %zu-byte buffer", size, output_capacity);
+  if (output) {
+    // CHI_ERR_TOO_LARGE leaves the future valid, so the size is looked at
+    // before the claim; it is this task's only if the word still says
+    // done(gen) after it (else another thread consumed the future, and the
+    // slot may hold the next task).
+    const size_t need = s.output_size.load(std::memory_order_acquire);
+    if (output_capacity < need) {
+      if (s.word.load(std::memory_order_acquire) != w)
+        return set_error(CHI_ERR_INVALID, "stale future: consumed by another thread");
+      if (output_size) *output_size = need;
+      return set_error(CHI_ERR_TOO_LARGE, "output of %zu bytes does not fit a %zu-byte buffer", need,
+                       output_capacity);
+    }
   }
   if (!slot::claim(s.word, w)) return set_error(CHI_ERR_INVALID, "stale future: consumed by another thread");
+  const size_t size = s.data.size();  // claimed: the slot is this thread's
   const chi_status_t status = s.status;
   if (output && size) std::memcpy(output, s.data.data(), size);
   if (output_size) *output_size = size;

@@ -44,6 +44,9 @@ class ZmqClient final : public Client {
     int32_t route = 0;
     int32_t status = 0;
     std::vector<uint8_t> data;  // the input until sent, then the output
+    // The output's size, for a waiter that looks before its claim (data is
+    // then not its to read: the slot may hold the next task's input).
+    std::atomic<uint32_t> output_size{0};
   };
   // The one control request in flight (control() calls are serialized).
   struct Control {

@@ -80,7 +80,8 @@ uint32_t ring_cells(uint32_t slots, uint32_t cap) {
 struct CpuExecutor::Slot {
   std::atomic<uint32_t> state;
   chi_status_t status;
-  uint32_t output_size;
+  // Atomic: a waiter that lost the claim may read it while the slot's next task writes it.
+  std::atomic<uint32_t> output_size;
   chi_method_t method;
   int64_t submit_ns;  // 0: not timed (RouteStats samples one task in kSampleEvery)
   RemoteSink *sink;  // kRemote slots only
@@ -525,7 +526,9 @@ void CpuExecutor::run_task(const QueuedTask &task) {
   }
   stats_.finished(st, s->submit_ns ? now_ns() - s->submit_ns : -1);
   s->status = st;
-  s->output_size = uint32_t(out_size);
+  // Release: a waiter that reads this size before its claim and then sees
+  // its own task's done word again knows the size was its task's (take()).
+  s->output_size.store(uint32_t(out_size), std::memory_order_release);
   const uint32_t gen = slot::gen_of(s->state.load(std::memory_order_relaxed));
   if (slot::publish(s->state, gen) == slot::kOrphan) free_slot(index);
 }
@@ -766,13 +769,23 @@ chi_status_t CpuExecutor::take(uint32_t slot, uint32_t gen, int64_t timeout_ns, 
   uint32_t w = 0;
   if (chi_status_t st = wait_done(slot, gen, timeout_ns, since_ns, &w); st != CHI_OK) return st;
   Slot *s = slot_at(slot);
-  size_t size = s->output_size;
-  if (output && output_capacity < size) {
-    if (output_size) *output_size = size;
-    return set_error(CHI_ERR_TOO_LARGE, "output of %zu bytes does not fit a %zu-byte buffer", size,
-                     output_capacity);
+  if (output) {
+    // CHI_ERR_TOO_LARGE leaves the future valid, so the size is looked at
+    // before the claim; it is this task's only if the word still says
+    // done(gen) after it (else another thread consumed the future and the
+    // slot may hold the next task).
+    const size_t need = s->output_size.load(std::memory_order_acquire);
+    if (output_capacity < need) {
+      if (s->state.load(std::memory_order_acquire) != w)
+        return set_error(CHI_ERR_INVALID, "stale future: consumed by another thread");
+      if (output_size) *output_size = need;
+      return set_error(CHI_ERR_TOO_LARGE, "output of %zu bytes does not fit a %zu-byte buffer", need,
+                       output_capacity);
+    }
   }
   if (!slot::claim(s->state, w)) return set_error(CHI_ERR_INVALID, "stale future: consumed by another thread");
+  // Claimed: the slot and its result are this thread's.
+  const size_t size = s->output_size.load(std::memory_order_relaxed);
   *status = s->status;
   if (output && size) std::memcpy(output, output_of(slot), size);
   if (output_size) *output_size = size;

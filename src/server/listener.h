@@ -23,6 +23,9 @@ struct ClientRow {
   uint64_t submitted, finished;
   uint32_t in_flight;
   int poller;  // the shm poller that serves it; -1: none (ZeroMQ)
+  // Gone, with tasks still running: what it registered (device memory)
+  // stays until they end.
+  bool gone = false;
 };
 
 class Listener {
@@ -43,6 +46,7 @@ class Listener {
   // Stop, step 2: clients learn the server is gone, threads end, files go.
   virtual void finish() = 0;
   virtual const std::string &address() const = 0;
+  // Connected clients, then those gone whose tasks still run (gone rows).
   virtual void rows(std::vector<ClientRow> *out) = 0;
   // Threads that poll clients (status: "pollers").
   virtual size_t pollers() const { return 0; }

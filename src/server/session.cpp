@@ -135,8 +135,9 @@ unsigned Session::poll(unsigned budget) {
       break;
     }
     const uint32_t gen = ipc::slot_gen(rec.word);
-    busy_[slot].store(1, std::memory_order_relaxed);
+    // Ticket cleared first: cancel_queued must never see busy_ with an old task's ticket.
     ticket_[slot].store(0, std::memory_order_relaxed);
+    busy_[slot].store(1, std::memory_order_release);
     counters_.in_flight.fetch_add(1, std::memory_order_relaxed);
     // Timed like the CPU route: this poller's first task, then one in 64 (a
     // clock read costs 20-50 ns, two per timed task).
@@ -174,8 +175,10 @@ uint32_t Session::cancel_queued(chi_status_t answer) {
   if (!seg_.base) return 0;
   uint32_t n = 0;
   for (uint32_t slot = 0; slot < seg_.layout.nslots; ++slot) {
+    // busy_ first: once set by poll(), the ticket read comes after poll's clearing.
+    if (!busy_[slot].load(std::memory_order_acquire)) continue;
     const uint64_t t = ticket_[slot].load(std::memory_order_acquire);
-    if (!(t & kTicket) || !busy_[slot].load(std::memory_order_acquire)) continue;
+    if (!(t & kTicket)) continue;
     // The executor decides: a task a worker started runs to its end.
     if (!svc_.cancel(uint32_t(t >> 32) & 0x7FFFFFFFu, uint32_t(t))) continue;
     ++n;

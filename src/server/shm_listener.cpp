@@ -412,7 +412,8 @@ void ShmListener::detach(Session *s, const char *why) {
     if (s->registered) pollers_->remove(s);
     svc_.left();
   }
-  svc_.session_ended(s->id());
+  // What it registered (client device memory) stays until reclaim(): a task
+  // of it that runs may use it.
   std::lock_guard<std::mutex> lock(sessions_mu_);
   sessions_.erase(std::remove(sessions_.begin(), sessions_.end(), s), sessions_.end());
   detached_.push_back(s);
@@ -439,7 +440,10 @@ void ShmListener::reclaim() {
     }
     detached_.swap(keep);
   }
-  for (Session *s : gone) delete s;
+  for (Session *s : gone) {
+    svc_.session_ended(s->id());  // its last task ended: its device memory may go
+    delete s;
+  }
 }
 
 void ShmListener::begin_stop() {
@@ -497,6 +501,10 @@ void ShmListener::rows(std::vector<ClientRow> *out) {
     if (s->kind() == ipc::kSessionTasks)
       out->push_back({s->id(), int(s->pid()), unsigned(s->uid()), s->submitted(), s->finished(), s->in_flight(),
                       s->registered ? int(s->poller) : -1});
+  for (Session *s : detached_)
+    if (s->kind() == ipc::kSessionTasks && s->in_flight())
+      out->push_back({s->id(), int(s->pid()), unsigned(s->uid()), s->submitted(), s->finished(), s->in_flight(), -1,
+                      true});
 }
 
 }  // namespace chi

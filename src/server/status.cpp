@@ -24,7 +24,7 @@ constexpr size_t kTailBytes = 2048;  // the routes and counters after the rows
 std::string status_text(Service &service, bool json) {
   Runtime &rt = service.runtime();
   std::string addrs;
-  std::vector<ClientRow> rows;
+  std::vector<ClientRow> rows, gone;
   size_t pollers = 0;
   for (Listener *l : service.listeners()) {
     addrs += (addrs.empty() ? "" : " ") + l->address();
@@ -32,6 +32,15 @@ std::string status_text(Service &service, bool json) {
     pollers += l->pollers();
   }
   if (addrs.size() > kMaxAddressBytes) addrs = addrs.substr(0, kMaxAddressBytes) + "...";
+  // Clients gone with tasks still running are listed apart ("leaving").
+  for (auto it = rows.begin(); it != rows.end();) {
+    if (it->gone) {
+      gone.push_back(*it);
+      it = rows.erase(it);
+    } else {
+      ++it;
+    }
+  }
   chi_stats_t st;
   rt.read_stats(&st);
   // Each GPU's orchestrator as it is now (paused, failed...), not assumed.
@@ -96,7 +105,14 @@ std::string status_text(Service &service, bool json) {
       if (out.size() + row.size() + kTailBytes > kMaxStatusBytes) break;
       out += row;
     }
-    out += "],\"clients_omitted\":" + std::to_string(rows.size() - shown) + ",\"routes\":{";
+    out += "],\"clients_omitted\":" + std::to_string(rows.size() - shown) + ",\"leaving\":[";
+    for (size_t i = 0; i < gone.size(); ++i) {
+      snprintf(line, sizeof line, "%s{\"id\":%u,\"pid\":%d,\"in_flight\":%u}", i ? "," : "", gone[i].id,
+               gone[i].pid, gone[i].in_flight);
+      if (out.size() + std::strlen(line) + kTailBytes > kMaxStatusBytes) break;
+      out += line;
+    }
+    out += "],\"routes\":{";
     for (int r = 0; r < 3; ++r) {
       const chi_route_stats_t &x = st.routes[r];
       snprintf(line, sizeof line,
@@ -135,6 +151,12 @@ std::string status_text(Service &service, bool json) {
   }
   if (shown < rows.size())
     out += "  ... and " + std::to_string(rows.size() - shown) + " more client(s) (a status reply holds 64 KiB)\n";
+  // Their device memory is kept until these tasks end (docs/server.md).
+  if (!gone.empty()) {
+    out += "leaving:  " + std::to_string(gone.size()) + " client(s) gone, tasks still running:";
+    for (const ClientRow &r : gone) out += " " + std::to_string(r.id) + " (" + std::to_string(r.in_flight) + ")";
+    out += "\n";
+  }
   out += "route     submitted   completed      failed  in-flight     p50 ns     p99 ns\n";
   for (int r = 0; r < 3; ++r) {
     const chi_route_stats_t &x = st.routes[r];

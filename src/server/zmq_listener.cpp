@@ -205,7 +205,7 @@ void ZmqListener::io_main() {
     send_completions();
     // Stopping: tasks taken but not started are answered now (only running
     // ones delay the stop).
-    if (svc_.stopping()) cancel_tasks(nullptr);
+    if (svc_.stopping()) cancel_tasks(0);
     flush_replies();
     if (resume_ns_ && now_ns() >= resume_ns_) resume_listening();
     if (now_ns() >= next_sweep_ns_) {
@@ -396,6 +396,7 @@ bool ZmqListener::handle_submit(Session &s, const std::string &identity, const i
   if (svc_.over_limit(s.in_flight)) return false;
   Task *t = new_task();
   t->identity = identity;
+  t->session = s.id;
   t->id = f.id;
   t->taken_ns = RouteStats::sample() ? now_ns() : -1;  // one in 64, as the shm pollers
   const Service::Take r = svc_.take(f.method, f.route, f.payload, f.size, false, out_buf_.data(), out_buf_.size(),
@@ -444,21 +445,38 @@ void ZmqListener::send_completions() {
   }
   for (Task *t : done) {
     untrack(t);
-    reply(t->identity, ipc::Kind::kResult, t->id, t->status, t->output.data(), t->output.size());
+    if (answered(t->identity, t->session))
+      reply(t->identity, ipc::Kind::kResult, t->id, t->status, t->output.data(), t->output.size());
     svc_.finished(t->status, t->taken_ns);
-    answered(t->identity);
     in_flight_.fetch_sub(1, std::memory_order_acq_rel);
     recycle(t);
   }
 }
 
-void ZmqListener::answered(const std::string &identity) {
-  std::lock_guard<std::mutex> lock(sessions_mu_);
-  auto it = sessions_.find(identity);
-  if (it != sessions_.end()) {
-    ++it->second.finished;
-    --it->second.in_flight;
+bool ZmqListener::answered(const std::string &identity, uint32_t session) {
+  {
+    std::lock_guard<std::mutex> lock(sessions_mu_);
+    // By session, not by identity: a peer evicted with a task running may
+    // say hello again on the same connection, and that session owes nothing.
+    auto it = sessions_.find(identity);
+    if (it != sessions_.end() && it->second.id == session) {
+      ++it->second.finished;
+      --it->second.in_flight;
+      return true;
+    }
   }
+  bool last = false;
+  {
+    std::lock_guard<std::mutex> lock(sessions_mu_);
+    auto e = ended_.find(session);
+    if (e != ended_.end()) {
+      ++e->second.finished;
+      last = --e->second.in_flight == 0;
+      if (last) ended_.erase(e);
+    }
+  }
+  if (last) svc_.session_ended(session);  // its last task ended: its device memory may go
+  return false;
 }
 
 void ZmqListener::track(Task *t) {
@@ -476,22 +494,22 @@ void ZmqListener::untrack(Task *t) {
   t->prev = t->next = nullptr;
 }
 
-uint32_t ZmqListener::cancel_tasks(const std::string *identity) {
+uint32_t ZmqListener::cancel_tasks(uint32_t session) {
   if (!queued_.next) return 0;
   uint32_t n = 0;
   for (Task *t = queued_.next, *next; t != &queued_; t = next) {
     next = t->next;
-    if (identity && t->identity != *identity) continue;
+    if (session && t->session != session) continue;
     // The executor decides: a task a worker started runs to its end.
     if (!svc_.cancel(t->eslot, t->egen)) continue;
     ++n;
     untrack(t);
-    if (identity) {
+    if (session) {
       svc_.cancelled();  // its session is gone with its counters
     } else {
-      reply(t->identity, ipc::Kind::kResult, t->id, CHI_ERR_SHUTDOWN, nullptr, 0);
+      if (answered(t->identity, t->session))
+        reply(t->identity, ipc::Kind::kResult, t->id, CHI_ERR_SHUTDOWN, nullptr, 0);
       svc_.finished(CHI_ERR_SHUTDOWN, t->taken_ns);
-      answered(t->identity);
     }
     in_flight_.fetch_sub(1, std::memory_order_acq_rel);
     recycle(t);

@@ -51,6 +51,7 @@ class ZmqListener final : public Listener, public RemoteSink {
   // A task with the server: who gets its result (cookie of the executors).
   struct Task {
     std::string identity;
+    uint32_t session = 0;  // the session that submitted it (a peer's next hello makes another)
     uint64_t id = 0;
     int64_t taken_ns = 0;
     chi_status_t status = CHI_OK;
@@ -108,14 +109,16 @@ class ZmqListener final : public Listener, public RemoteSink {
   // tcp:// listener unbinds for kAcceptPauseMs, then binds again.
   void accept_failed(int error);
   void resume_listening();
-  // A task of this client session was answered: its counters move.
-  void answered(const std::string &identity);
+  // A task of session `session` (of peer `identity`) ended: its counters
+  // move.  False when that session ended meanwhile: its result goes to no
+  // one, and with its last task what it registered goes (evict()).
+  bool answered(const std::string &identity, uint32_t session);
   void track(Task *t);
   void untrack(Task *t);
-  // Cancels the CPU tasks no worker started: those of one client that left
-  // (dropped, counted cancelled), or every one at stop (answered
+  // Cancels the CPU tasks no worker started: those of one session that left
+  // (dropped, counted cancelled), or every one at stop (session 0: answered
   // CHI_ERR_SHUTDOWN).  Returns how many.
-  uint32_t cancel_tasks(const std::string *identity);
+  uint32_t cancel_tasks(uint32_t session);
 
   Service &svc_;
   std::string address_;
@@ -132,8 +135,10 @@ class ZmqListener final : public Listener, public RemoteSink {
   std::thread io_;
   std::atomic<bool> quit_{false};
   std::atomic<uint64_t> in_flight_{0};
-  std::mutex sessions_mu_;  // sessions_: I/O thread writes, rows() reads
+  std::mutex sessions_mu_;  // sessions_ and ended_: I/O thread writes, rows() reads
   std::unordered_map<std::string, Session> sessions_;
+  // Sessions evicted while tasks of theirs ran, by id, until the last ends.
+  std::unordered_map<uint32_t, Session> ended_;
   int64_t next_sweep_ns_ = 0;
   int quick_sweeps_ = 0;  // sweeps left at 5 ms intervals after a disconnect event
   std::mutex done_mu_;

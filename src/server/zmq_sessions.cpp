@@ -31,6 +31,8 @@ void ZmqListener::rows(std::vector<ClientRow> *out) {
   for (auto &kv : sessions_)
     if (kv.second.tasks)
       out->push_back({kv.second.id, -1, unsigned(-1), kv.second.submitted, kv.second.finished, kv.second.in_flight, -1});
+  for (auto &kv : ended_)
+    out->push_back({kv.first, -1, unsigned(-1), kv.second.submitted, kv.second.finished, kv.second.in_flight, -1, true});
 }
 
 void ZmqListener::reply(const std::string &identity, ipc::Kind kind, uint64_t id, int32_t status, const void *p,
@@ -251,27 +253,31 @@ void ZmqListener::drop_session_of_other_connection(const std::string &identity) 
 }
 
 void ZmqListener::evict(const std::string &identity, const char *why) {
-  uint32_t id = 0;
-  bool tasks = false;
+  Session s;
   {
     std::lock_guard<std::mutex> lock(sessions_mu_);
     auto it = sessions_.find(identity);
     if (it == sessions_.end()) return;
-    id = it->second.id;
-    tasks = it->second.tasks;
+    s = it->second;
     sessions_.erase(it);
-    if (tasks) svc_.left();
+    if (s.tasks) svc_.left();
   }
-  svc_.session_ended(id);  // outside the lock: it may upload the GPUs' region tables
-  if (!tasks) return;
-  // Its tasks that no worker started are dropped now; those that run finish
-  // and their replies go to no one: the routing id may come back as another
-  // peer's (a peer may choose its own), which must not get them.
-  const uint32_t dropped = cancel_tasks(&identity);
-  if (queued_.next)
-    for (Task *t = queued_.next; t != &queued_; t = t->next)
-      if (t->identity == identity) t->identity.clear();
-  log(LogLevel::kInfo, "%s: client %u gone: %s; %u queued task(s) cancelled", address_.c_str(), id, why, dropped);
+  if (s.tasks) {
+    // Its tasks that no worker started are dropped now; those that run
+    // finish, and their results go to no one (answered()).
+    const uint32_t dropped = cancel_tasks(s.id);
+    s.in_flight -= dropped;
+    log(LogLevel::kInfo, "%s: client %u gone: %s; %u queued task(s) cancelled, %u still running",
+        address_.c_str(), s.id, why, dropped, s.in_flight);
+  }
+  // What it registered goes with its last task (a running handler may use
+  // its device memory); outside the lock: it may upload the GPUs' region tables.
+  if (s.in_flight == 0) {
+    svc_.session_ended(s.id);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(sessions_mu_);
+  ended_[s.id] = s;
 }
 
 void ZmqListener::finish() {
