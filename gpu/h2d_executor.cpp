@@ -214,10 +214,18 @@ chi_status_t H2dExecutor::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, 
   }
   const chi_status_t status = chi_status_t(ll_data(ll_load(rec)));
   const uint32_t osize = ll_data(w1);
-  if (output_size) *output_size = osize;
-  if (output && osize > output_capacity)
+  if (output && osize > output_capacity) {
+    // Decided before the claim (the future stays valid), so the size read
+    // above counts only if the slot still holds this task after it: a
+    // waiter that lost the future to another thread, the slot reused since,
+    // would report another task's size.
+    if (state_[slot].load(std::memory_order_acquire) != ((gen << 8) | kSubmitted) || !finished(slot, gen))
+      return set_error(CHI_ERR_INVALID, "GPU %d: future consumed by another thread", gpu_);
+    if (output_size) *output_size = osize;
     return set_error(CHI_ERR_TOO_LARGE, "GPU %d: output of %u bytes, buffer of %zu", gpu_, osize,
                      output_capacity);
+  }
+  if (output_size) *output_size = osize;
   uint32_t expect = (gen << 8) | kSubmitted;
   if (!state_[slot].compare_exchange_strong(expect, (gen << 8) | kClaimed,
                                             std::memory_order_acq_rel))
