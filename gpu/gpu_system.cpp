@@ -75,10 +75,13 @@ class DeviceGpuSystem final : public GpuSystem {
 
   chi_status_t context(int32_t gpu, chi_dev_context_t *ctx) override {
     if (!ctx) return set_error(CHI_ERR_INVALID, "ctx is NULL");
-    // Kernels may now submit to the device routes at any time, of this GPU
-    // and, across GPUs, of every other: none parks from now on (docs/gpu.md,
-    // "Parked GPUs").
-    for (auto &d : devs_) d->hold_awake();
+    // Kernels may now submit to this GPU's device routes at any time (and,
+    // with gpu.peer_routes, to every other GPU's): they park no more
+    // (docs/gpu.md, "Parked GPUs").
+    if (rt_.config().gpu.peer_routes)
+      for (auto &d : devs_) d->hold_awake();
+    else
+      devs_[gpu]->hold_awake();
     devs_[gpu]->context(ctx);
     return CHI_OK;
   }
@@ -343,7 +346,8 @@ chi_status_t create_gpu_system(Runtime &rt, const Config &cfg, std::unique_ptr<G
       mps_dir.c_str());
   for (int d : use)
     if (chi_status_t s = sys->add(d, int32_t(use.size())); s != CHI_OK) return s;
-  if (chi_status_t s = sys->connect_peers(); s != CHI_OK) return s;
+  if (cfg.gpu.peer_routes)
+    if (chi_status_t s = sys->connect_peers(); s != CHI_OK) return s;
   *out = std::move(sys);
   return CHI_OK;
 }

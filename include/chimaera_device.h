@@ -187,7 +187,8 @@ CHI_DEVICE chi_status_t local_take(const chi_dev_layout *l, uint32_t slot, uint3
 
 /* Submits a task from device code, waiting for a free slot if need be.
  *   ctx         [in] this GPU's context (from chi_gpu_context, passed to the kernel).
- *   route       CHI_ROUTE_LOCAL / CHI_ROUTE_GPU_ANY / own GPU id (GPU->GPU) or CHI_ROUTE_CPU.
+ *   route       CHI_ROUTE_LOCAL / CHI_ROUTE_GPU_ANY / own GPU id (GPU->GPU), another GPU id
+ *               (GPU->GPU across GPUs, with gpu.peer_routes) or CHI_ROUTE_CPU.
  *   method      a method id (chi_method_lookup on the host, or CHI_METHOD_*).
  *   input       [in] input_size bytes, copied before the call returns (may be
  *               NULL when input_size is 0).
@@ -197,8 +198,10 @@ CHI_DEVICE chi_status_t local_take(const chi_dev_layout *l, uint32_t slot, uint3
  * gpu.device_submit_timeout_us (default 1 s; 0: never waits); a handler in
  * the orchestrator (req->ctx) never waits (see above).
  * Returns CHI_OK, CHI_ERR_INVALID (NULL future, bad context, method 0, NULL input
- * with a size, route to another GPU), CHI_ERR_NO_DEVICE (CHI_ROUTE_GPU(n) with no
- * GPU n in the runtime), CHI_ERR_TOO_LARGE (input_size over
+ * with a size), CHI_ERR_NO_DEVICE (CHI_ROUTE_GPU(n) with no GPU n in the
+ * runtime; another GPU n unless the runtime's gpu.peer_routes is on and this
+ * GPU has peer access to it: docs/gpu.md, "GPU->GPU across GPUs"),
+ * CHI_ERR_TOO_LARGE (input_size over
  * gpu.max_payload), CHI_ERR_AGAIN (no slot freed within the timeout; or, on
  * the GPU->GPU route, the orchestrator stepped aside and did not come back:
  * the runtime's lease thread spent two leases in a CUDA call, where a

@@ -253,6 +253,8 @@ const Setting kSettings[] = {
      [](Config &c, const Value &v) { c.gpu.poller_bell_check_us = static_cast<uint32_t>(v.i); }},
     {"gpu.poller_steal_us", "CHI_GPU_POLLER_STEAL_US", Kind::kInt, 0, 10000000, false,
      [](Config &c, const Value &v) { c.gpu.poller_steal_us = static_cast<uint32_t>(v.i); }},
+    {"gpu.peer_routes", "CHI_GPU_PEER_ROUTES", Kind::kBool, 0, 0, false,
+     [](Config &c, const Value &v) { c.gpu.peer_routes = v.b; }},
     {"gpu.keep_alive_us", "CHI_GPU_KEEP_ALIVE_US", Kind::kInt, 0, 10000000, false,
      [](Config &c, const Value &v) { c.gpu.keep_alive_us = static_cast<uint32_t>(v.i); }},
     {"gpu.idle_lease_us", "CHI_GPU_IDLE_LEASE_US", Kind::kInt, 0, 1000000, false,

@@ -24,6 +24,7 @@ struct GpuConfig {
   uint32_t poller_watch_interval_us = 100;  // longest nap of the watching poller while parked, 1..1000000
   uint32_t poller_bell_check_us = 10000;   // parked watcher sleeps on the GPU's bell at most this long; 0: no bell
   uint32_t poller_steal_us = 50;   // an idle poller takes a held-up poller's next task after this; 0: never, 0..10000000
+  bool peer_routes = false;          // device code may submit to another GPU over peer memory (experimental)
   uint32_t keep_alive_us = 20000;   // an idle GPU parks (no kernel) after this; 0: never, 0..10000000
   uint32_t idle_lease_us = 0;              // lease while the GPU routes are idle (pollers on the bell); 0: lease_us
   uint32_t device_submit_timeout_us = 1000000;  // chi_dev_submit waits this long for a free slot, 0..600000000

@@ -1115,6 +1115,9 @@ void floor_peer(Gpu &a, Gpu &b, const chi_bench_options &opt, chi_bench_row *row
 // GPU->GPU across GPUs (skipped on one GPU): gpu0->gpu1 latency and a full
 // grid's throughput, against floor.gpu_peer_pingpong measured just before.
 void peer_rows(std::vector<Gpu> &gpus, const chi_bench_options &opt, Rows &rows) {
+  // Only where the runtime serves them (gpu.peer_routes, experimental).
+  const char *on = std::getenv("CHI_GPU_PEER_ROUTES");
+  if (!on || (std::strcmp(on, "1") != 0 && std::strcmp(on, "true") != 0)) return;
   if (gpus.size() < 2 || !gpus[0].error.empty() || !gpus[1].error.empty()) return;
   Gpu &g = gpus[0];
   if (chi_bench_row *r = rows.next("floor.gpu_peer_pingpong", CHI_BENCH_FLOOR)) floor_peer(g, gpus[1], opt, r);
