@@ -454,13 +454,16 @@ CHI_API chi_status_t chi_stats(chi_runtime_t *rt, chi_stats_t *stats);
 
 typedef struct chi_server chi_server_t; /* opaque */
 
-/* Serves this (embedded) runtime to client processes of the same user over
- * shared memory (what chimaera-server does; see docs/server.md).
- *   address  "shm://NAME"; "" for this user's default server (what a
+/* Serves this (embedded) runtime to client processes (what chimaera-server
+ * does; see docs/server.md).
+ *   address  "shm://NAME" (shared memory, same user), "ipc://PATH" or
+ *            "tcp://HOST:PORT" (ZeroMQ; tcp on a non-loopback host only
+ *            with CURVE keys); "" for this user's default server (what a
  *            client with no address connects to); NULL: every address of
- *            the config key server.listen, else the default server.
+ *            the config key server.listen (one server: its status lists
+ *            them all), else the default server.
  *   srv      [out] the server; stopped by chi_server_stop or chi_finalize.
- * The endpoint is a Unix socket in a per-user directory (mode 0700):
+ * A shm:// endpoint is a Unix socket in a per-user directory (mode 0700):
  * $CHI_RUNTIME_DIR, else $XDG_RUNTIME_DIR/chimaera, else /tmp/chimaera-UID.
  * Returns CHI_OK, CHI_ERR_INVALID (bad address, NULL argument, a client
  * runtime), CHI_ERR_PERMISSION (runtime directory not private),
@@ -486,7 +489,8 @@ CHI_API chi_status_t chi_server_wait_stop_request(chi_server_t *srv, int64_t tim
 
 /* Sends one administrative request to a running server, without becoming
  * a client (what chimaera-ctl does).
- *   address   "shm://NAME", or NULL / "" for this user's default server.
+ *   address   "shm://NAME", "ipc://PATH", "tcp://HOST:PORT", or NULL / ""
+ *             for this user's default server.
  *   request   "ping", "status" (a text report), "status-json" or "stop"
  *             (the server then stops as on SIGTERM).
  *   reply     [out] the server's answer, NUL-terminated (may be NULL).
