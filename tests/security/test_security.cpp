@@ -427,6 +427,112 @@ void test_connection_burst_tcp(void **) { connection_burst("tcp"); }
 void test_connection_burst_shm(void **) { connection_burst("shm"); }
 void test_idle_connections_ipc(void **) { idle_connections("ipc"); }
 
+// The process's resident set, KiB (VmRSS).
+long rss_kib() {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  long kib = -1;
+  while (fgets(line, sizeof line, f))
+    if (strncmp(line, "VmRSS:", 6) == 0) kib = atol(line + 6);
+  fclose(f);
+  return kib;
+}
+
+std::string write_private(const std::string &name, const std::string &text, mode_t mode) {
+  const std::string path = g_dir + "/" + name;
+  unlink(path.c_str());
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, text.data(), text.size()), ssize_t(text.size()));
+  close(fd);
+  return path;
+}
+
+// C1 with CURVE: under three oversized frames and a flood of silent
+// connections on its tcp:// address, a server that serves shm and tcp with
+// CURVE keeps serving both kinds of clients, and its resident set grows by
+// less than the documented bound ((max_clients + 64) parts of about 132 KiB,
+// docs/server.md "Threat model") plus a margin for the clients themselves.
+void test_attacks_on_curve_server(void **) {
+  char spub[41], ssec[41], cpub[41], csec[41];
+  assert_int_equal(zmq_curve_keypair(spub, ssec), 0);
+  assert_int_equal(zmq_curve_keypair(cpub, csec), 0);
+  const std::string skey = write_private("curve-server.key", std::string(ssec) + "\n", 0600);
+  const std::string allowed = write_private("curve-allowed", std::string(cpub) + "\n", 0644);
+  const std::string ckey = write_private("curve-client.key", std::string(csec) + "\n", 0600);
+  const int max_clients = 4;
+  const std::string yaml = "workers: 2\nserver:\n  max_clients: " + std::to_string(max_clients) +
+                           "\n  curve_key_file: " + skey + "\n  curve_allowed_keys_file: " + allowed + "\n";
+  Server tcp = start_server("tcp", yaml.c_str());
+  const std::string shm = "shm://sec-curve-" + std::to_string(getpid());
+  chi_server_t *shm_srv = nullptr;
+  assert_status(CHI_OK, chi_server_start(tcp.rt, shm.c_str(), &shm_srv));
+  const std::string client_yaml = "mode: client\nserver_address: " + tcp.address + "\ncurve_server_key: \"" +
+                                  spub + "\"\ncurve_key_file: " + ckey + "\n";
+  auto curve_round_trips = [&](int n) {
+    chi_config_t cfg;
+    chi_config_init(&cfg);
+    cfg.settings = client_yaml.c_str();
+    chi_runtime_t *c = nullptr;
+    assert_status(CHI_OK, chi_init(&cfg, &c));
+    for (int i = 0; i < n; ++i) {
+      uint64_t in[2] = {uint64_t(i), 2}, out = 0;
+      chi_future_t f;
+      size_t got = 0;
+      assert_status(CHI_OK, chi_submit(c, CHI_ROUTE_CPU, CHI_METHOD_ADD, in, sizeof in, &f));
+      assert_status(CHI_OK, chi_wait(c, f, 10000000000ll, &out, sizeof out, &got));
+      assert_int_equal(out, uint64_t(i) + 2);
+    }
+    assert_status(CHI_OK, chi_finalize(c));
+  };
+  curve_round_trips(5);
+  honest_round_trips(shm, 5);
+  const long rss0 = rss_kib();
+  // Three peers that greet with CURVE and declare a 64 MiB command frame.
+  uint64_t took = 0;
+  for (int k = 0; k < 3; ++k) {
+    const int sock = tcp_connect(port_of(tcp.address));
+    assert_true(sock >= 0);
+    guard_io(sock, 10);
+    unsigned char greeting[64] = {0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0x7f, 3, 0, 'C', 'U', 'R', 'V', 'E'};
+    if (send(sock, greeting, sizeof greeting, MSG_NOSIGNAL) == 64) {
+      unsigned char theirs[64];
+      (void)recv(sock, theirs, sizeof theirs, MSG_WAITALL);
+      const uint64_t declared = 64ull << 20;
+      unsigned char hdr[9] = {0x06};
+      for (int i = 0; i < 8; ++i) hdr[1 + i] = uint8_t(declared >> (56 - 8 * i));
+      std::vector<char> chunk(64 * 1024, 0);
+      if (send(sock, hdr, sizeof hdr, MSG_NOSIGNAL) == 9)
+        for (uint64_t sent = 0; sent < (32ull << 20);) {
+          const ssize_t n = send(sock, chunk.data(), chunk.size(), MSG_NOSIGNAL);
+          if (n <= 0) break;
+          sent += uint64_t(n);
+          took += uint64_t(n);
+        }
+    }
+    close(sock);
+  }
+  // A flood of silent connections, held open while honest clients come.
+  std::vector<int> socks;
+  for (int i = 0; i < 300; ++i) {
+    const int k = tcp_connect(port_of(tcp.address));
+    if (k >= 0) socks.push_back(k);
+  }
+  curve_round_trips(10);
+  honest_round_trips(shm, 10);
+  const long rss1 = rss_kib();
+  const long bound_kib = long(max_clients + 64) * 132 + 32 * 1024;
+  print_message("oversized frames: %llu bytes taken of 96 MiB; %zu silent connections; RSS %ld -> %ld KiB "
+                "(bound %ld KiB of growth)\n",
+                (unsigned long long)took, socks.size(), rss0, rss1, bound_kib);
+  assert_true(took < (96ull << 20));
+  assert_true(rss0 > 0 && rss1 - rss0 < bound_kib);
+  close_all(socks);
+  assert_status(CHI_OK, chi_server_stop(shm_srv, UINT32_MAX));
+  assert_status(CHI_OK, chi_finalize(tcp.rt));
+}
+
 // S3: a peer that takes a gone client's routing id (a peer may choose its
 // own) gets none of that client's results, nor its session.
 void test_routing_id_reuse(void **) {
@@ -955,6 +1061,7 @@ int main(int argc, char **argv) {
   g_other_uid = uid_t(61000 + (getpid() % 1000) * 2);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_oversized_frame),
+      cmocka_unit_test(test_attacks_on_curve_server),
       cmocka_unit_test(test_idle_connections_tcp),
       cmocka_unit_test(test_idle_connections_ipc),
       cmocka_unit_test(test_connection_burst_tcp),
