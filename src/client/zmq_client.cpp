@@ -11,12 +11,12 @@
 #include <cstring>
 
 #include "base/error.h"
-#include "core/executor.h"
-#include "core/futex.h"
-#include "core/slot_word.h"
+#include "base/futex.h"
 #include "base/log.h"
-#include "ipc/curve.h"
+#include "core/executor.h"
+#include "core/slot_word.h"
 #include "ipc/channel.h"
+#include "ipc/curve.h"
 #include "ipc/frame.h"
 #include "ipc/zmq_events.h"
 

@@ -3,8 +3,8 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "base/futex.h"
 #include "base/log.h"
-#include "core/futex.h"
 #include "core/runtime.h"
 #include "server/shm_listener.h"
 #include "server/zmq_listener.h"

@@ -14,8 +14,8 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "base/futex.h"
 #include "base/log.h"
-#include "core/futex.h"
 #include "core/runtime.h"
 #include "ipc/handshake.h"
 #include "server/service.h"

@@ -11,8 +11,8 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "base/futex.h"
 #include "base/log.h"
-#include "core/futex.h"
 #include "core/runtime.h"
 #include "server/service.h"
 #include "server/session.h"

@@ -12,8 +12,8 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "base/futex.h"
 #include "base/log.h"
-#include "core/futex.h"
 #include "core/runtime.h"
 #include "core/stats.h"
 #include "ipc/address.h"
