@@ -1,7 +1,6 @@
 #include "client/zmq_client.h"
 
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,6 +10,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "base/eventfd.h"
 #include "base/futex.h"
 #include "base/log.h"
 #include "core/executor.h"
@@ -94,8 +94,7 @@ chi_status_t ZmqClient::open(bool control) {
     return set_error(CHI_ERR_INTERNAL, "libzmq refused ZMQ_IO_THREADS: %s", zmq_strerror(errno));
   dealer_ = zmq_socket(ctx_, ZMQ_DEALER);
   if (!dealer_) return set_error(CHI_ERR_INTERNAL, "cannot make a zmq socket: %s", zmq_strerror(errno));
-  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake_fd_ < 0) return set_error(CHI_ERR_INTERNAL, "eventfd: %s", strerror(errno));
+  if (chi_status_t st = eventfd_open(&wake_fd_); st != CHI_OK) return st;
   const int hwm = 4096;
   // Heartbeats find a peer that hangs (a closed or killed one is seen at
   // once, from the connection); generous, so a loaded machine is not taken
@@ -210,9 +209,7 @@ chi_status_t ZmqClient::open(bool control) {
 }
 
 void ZmqClient::wake_io() {
-  uint64_t one = 1;
-  // EAGAIN: the counter is full, a wake-up is pending anyway.
-  if (write(wake_fd_, &one, sizeof one) < 0 && errno != EAGAIN)
+  if (!eventfd_signal(wake_fd_))
     log(LogLevel::kError, "%s: cannot wake the I/O thread: %s", address_.c_str(), strerror(errno));
 }
 
@@ -257,11 +254,7 @@ void ZmqClient::io_main() {
     }
     int n = zmq_poll(items, 3, timeout);
     if (n < 0 && zmq_errno() != EINTR) break;
-    if (items[1].revents & ZMQ_POLLIN) {
-      uint64_t v;
-      while (read(wake_fd_, &v, sizeof v) > 0) {
-      }
-    }
+    if (items[1].revents & ZMQ_POLLIN) eventfd_drain(wake_fd_);
     uint32_t moved = 0;
     // Replies before socket events: a result that came before the
     // connection closed is delivered, not lost to the disconnect.

@@ -2,7 +2,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,6 +11,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "base/eventfd.h"
 #include "base/futex.h"
 #include "base/log.h"
 #include "core/runtime.h"
@@ -21,7 +21,6 @@
 #include "ipc/curve.h"
 #include "ipc/handshake.h"
 #include "ipc/zmq_events.h"
-#include "server/wake.h"
 
 namespace chi {
 
@@ -81,8 +80,7 @@ chi_status_t ZmqListener::bind() {
     if (chi_status_t s = curve_.bind_zap(ctx_); s != CHI_OK) return s;
   router_ = zmq_socket(ctx_, ZMQ_ROUTER);
   if (!router_) return set_error(CHI_ERR_INTERNAL, "cannot make a zmq socket: %s", zmq_strerror(errno));
-  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake_fd_ < 0) return set_error(CHI_ERR_INTERNAL, "eventfd: %s", strerror(errno));
+  if (chi_status_t st = eventfd_open(&wake_fd_); st != CHI_OK) return st;
   // LINGER: replies and the final "gone" frames leave before the socket closes.
   // Heartbeats find a client whose network is gone (one that exits or is
   // killed is seen at once, from its connection): its session and queued
@@ -170,8 +168,7 @@ chi_status_t ZmqListener::start() {
 }
 
 void ZmqListener::wake() {
-  uint64_t one = 1;
-  if (wake_fd_ >= 0 && write(wake_fd_, &one, sizeof one) < 0 && errno != EAGAIN)
+  if (wake_fd_ >= 0 && !eventfd_signal(wake_fd_))
     log(LogLevel::kError, "%s: cannot wake the I/O thread: %s", address_.c_str(), strerror(errno));
 }
 
@@ -197,7 +194,7 @@ void ZmqListener::io_main() {
       log(LogLevel::kError, "%s: zmq_poll: %s: the listener stops", address_.c_str(), zmq_strerror(zmq_errno()));
       break;
     }
-    if (items[1].revents & ZMQ_POLLIN) drain_fd(wake_fd_);
+    if (items[1].revents & ZMQ_POLLIN) eventfd_drain(wake_fd_);
     if (items[2].revents & ZMQ_POLLIN) monitor_events();
     if (items[0].revents & ZMQ_POLLIN) receive();
     enforce_connection_caps();
