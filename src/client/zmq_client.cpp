@@ -15,6 +15,7 @@
 #include "base/log.h"
 #include "core/executor.h"
 #include "core/slot_word.h"
+#include "ipc/address.h"
 #include "ipc/channel.h"
 #include "ipc/curve.h"
 #include "ipc/frame.h"
@@ -82,9 +83,9 @@ chi_status_t ZmqClient::connect(const Config &cfg, bool control, std::unique_ptr
 
 chi_status_t ZmqClient::open(bool control) {
   const std::string &a = address_;
-  if (a.compare(0, 6, "ipc://") == 0) {
+  if (ipc::transport_of(a) == ipc::Transport::kIpc) {
     struct stat st;
-    if (stat(a.c_str() + 6, &st) != 0)
+    if (stat(ipc::after_scheme(a), &st) != 0)
       return set_error(CHI_ERR_DISCONNECTED, "no chimaera-server at %s (%s); start one with "
                        "chimaera-server --listen %s", a.c_str(), strerror(errno), a.c_str());
   }
@@ -122,7 +123,7 @@ chi_status_t ZmqClient::open(bool control) {
       s != CHI_OK)
     return s;
   if (!cfg_.curve_server_key.empty()) {
-    if (a.compare(0, 6, "tcp://") != 0)
+    if (ipc::transport_of(a) != ipc::Transport::kTcp)
       return set_error(CHI_ERR_CONFIG, "curve_server_key is for tcp:// addresses, not %s", a.c_str());
     if (!ipc::is_z85_key(cfg_.curve_server_key))
       return set_error(CHI_ERR_CONFIG, "curve_server_key is not a z85 public key (40 characters)");
@@ -349,7 +350,7 @@ uint32_t ZmqClient::io_receive() {
       zmq_msg_close(&msg);
       return got;
     }
-    if (!peer_checked_ && address_.compare(0, 6, "ipc://") == 0) {
+    if (!peer_checked_ && ipc::transport_of(address_) == ipc::Transport::kIpc) {
       // Whoever binds the path first answers: in a folder others can write,
       // that may be another user's fake server.  Nothing of this session
       // (the hello's answer included) is read from a stranger.

@@ -62,15 +62,16 @@ chi_status_t ZmqListener::open(Service &service, const std::string &address, std
 }
 
 chi_status_t ZmqListener::bind() {
-  const bool tcp = address_.compare(0, 6, "tcp://") == 0;
+  const ipc::Transport transport = ipc::transport_of(address_);
+  const bool tcp = transport == ipc::Transport::kTcp;
   if (tcp) {
     std::string host, why;
     int port = 0;
-    if (!ipc::split_tcp_address(address_.substr(6), &host, &port, &why))
+    if (!ipc::split_tcp_address(ipc::after_scheme(address_), &host, &port, &why))
       return set_error(CHI_ERR_INVALID, "%s is not tcp://HOST:PORT: %s", address_.c_str(), why.c_str());
     if (chi_status_t s = curve_.configure(svc_.config(), address_, ipc::is_loopback_host(host)); s != CHI_OK)
       return s;
-  } else if (address_.compare(0, 6, "ipc://") != 0) {
+  } else if (transport != ipc::Transport::kIpc) {
     return set_error(CHI_ERR_INVALID, "%s is not an ipc:// or tcp:// address", address_.c_str());
   }
   ctx_ = zmq_ctx_new();
@@ -158,7 +159,7 @@ chi_status_t ZmqListener::start() {
   log(LogLevel::kInfo, "serving %s%s", address_.c_str(), curve_.enabled() ? " (CURVE, allow-listed client keys)" : "");
   // A TCP peer has no uid to check: without CURVE, loopback admits every
   // local user (docs/server.md, "Threat model").
-  if (address_.compare(0, 6, "tcp://") == 0 && !curve_.enabled())
+  if (ipc::transport_of(address_) == ipc::Transport::kTcp && !curve_.enabled())
     log(LogLevel::kWarn,
         "%s has no CURVE keys: any local user can connect, run tasks, read status and stop this server; "
         "for one user's clients use shm:// or ipc://, or set server.curve_key_file and "
@@ -344,7 +345,7 @@ void ZmqListener::handle_hello(const std::string &identity, int fd, uint64_t id,
   cred.uid = uid_t(-1);
   // A peer whose uid cannot be told (no descriptor) is refused, not taken
   // for a TCP one.
-  const bool local = address_.compare(0, 6, "ipc://") == 0;
+  const bool local = ipc::transport_of(address_) == ipc::Transport::kIpc;
   if (local) {
     socklen_t len = sizeof cred;
     if (fd < 0 || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) cred.uid = uid_t(-1);
