@@ -17,10 +17,10 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/futex.h"
 #include "base/log.h"
 #include "client/client.h"
 #include "core/executor.h"
-#include "core/futex.h"
 #include "core/registry.h"
 #include "core/runtime.h"
 #include "gpu/cpu_poller.h"

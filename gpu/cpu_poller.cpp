@@ -9,7 +9,7 @@
 #include <limits>
 #include <memory>
 
-#include "core/futex.h"
+#include "base/futex.h"
 #include "base/log.h"
 #include "core/registry.h"
 #include "core/runtime.h"

@@ -10,7 +10,7 @@
 #include <mutex>
 
 #include "base/error.h"
-#include "core/futex.h"
+#include "base/futex.h"
 #include "base/log.h"
 #include "core/registry.h"
 #include "core/runtime.h"

@@ -5,7 +5,7 @@
 #include <thread>
 
 #include "base/error.h"
-#include "core/futex.h"
+#include "base/futex.h"
 #include "core/runtime.h"
 #include "core/stats.h"
 #include "gpu/cpu_poller.h"

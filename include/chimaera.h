@@ -32,9 +32,9 @@ extern "C" {
 
 /* ---------------------------------------------------------------- versions */
 
-#define CHI_VERSION_MAJOR 0
-#define CHI_VERSION_MINOR 1
-#define CHI_VERSION_PATCH 0
+/* CHI_VERSION_MAJOR, CHI_VERSION_MINOR, CHI_VERSION_PATCH: generated from
+ * the build's project(VERSION). */
+#include "chimaera/version.h"
 /* MAJOR * 10000 + MINOR * 100 + PATCH, comparable with chi_version(). */
 #define CHI_VERSION_NUMBER \
   (CHI_VERSION_MAJOR * 10000 + CHI_VERSION_MINOR * 100 + CHI_VERSION_PATCH)

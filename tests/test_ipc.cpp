@@ -1,7 +1,7 @@
 // The wire, in one process: ZeroMQ frames (round trips and refusals), session
 // socket messages with passed descriptors over a socketpair, the segment's
 // ring across the 2^32 wrap of its positions with the task and result steps
-// of both sides, and the handshake's checks.
+// of both sides, the handshake's checks, and the address schemes.
 #include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "ipc/address.h"
 #include "ipc/channel.h"
 #include "ipc/frame.h"
 #include "ipc/handshake.h"
@@ -355,12 +356,28 @@ void test_hello_checks(void **) {
 
 }  // namespace
 
+void test_address_schemes(void **) {
+  assert_true(transport_of("shm://a") == Transport::kShm);
+  assert_true(transport_of("ipc:///run/x.ipc") == Transport::kIpc);
+  assert_true(transport_of("tcp://127.0.0.1:5555") == Transport::kTcp);
+  // As written: no case folding, no scheme without its "//", nothing for "".
+  for (const char *a : {"", "shm:/a", "SHM://a", "tcp:/", "udp://h:1", "shm"})
+    assert_true(transport_of(a) == Transport::kUnknown);
+  assert_string_equal(after_scheme("shm://name"), "name");
+  assert_string_equal(after_scheme("tcp://"), "");
+  assert_true(served_by_zmq("ipc://p") && served_by_zmq("tcp://h:1"));
+  assert_false(served_by_zmq("shm://a") || served_by_zmq("") || served_by_zmq("default"));
+  assert_true(is_loopback_endpoint("tcp://127.0.0.1:5555"));
+  assert_false(is_loopback_endpoint("ipc://127.0.0.1:5555"));
+}
+
 int main() {
   const CMUnitTest tests[] = {
       cmocka_unit_test(test_frame_round_trip), cmocka_unit_test(test_frame_refusals),
       cmocka_unit_test(test_descriptor_passing), cmocka_unit_test(test_message_refusals),
       cmocka_unit_test(test_ring_wrap),         cmocka_unit_test(test_task_and_result),
       cmocka_unit_test(test_welcome_checks),    cmocka_unit_test(test_hello_checks),
+      cmocka_unit_test(test_address_schemes),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

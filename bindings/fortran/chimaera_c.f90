@@ -17,9 +17,7 @@ module chimaera_c
   private :: c_int, c_int8_t, c_int32_t, c_int64_t, c_size_t, c_ptr, c_funptr, c_char
 
   ! Versions of the header these interfaces mirror; compare with chi_version().
-  integer(c_int32_t), parameter :: CHI_VERSION_MAJOR = 0
-  integer(c_int32_t), parameter :: CHI_VERSION_MINOR = 1
-  integer(c_int32_t), parameter :: CHI_VERSION_PATCH = 0
+  include 'chimaera_version.inc'
   integer(c_int32_t), parameter :: CHI_VERSION_NUMBER = &
       CHI_VERSION_MAJOR * 10000 + CHI_VERSION_MINOR * 100 + CHI_VERSION_PATCH
 

@@ -11,10 +11,10 @@
 
 #include "api/handle.h"
 #include "base/error.h"
+#include "base/futex.h"
 #include "base/log.h"
 #include "chimaera.h"
 #include "client/client.h"
-#include "core/futex.h"
 #include "core/runtime.h"
 #include "ipc/frame.h"
 #include "server/server.h"

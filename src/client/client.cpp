@@ -10,6 +10,7 @@
 #include "client/client_gpu.h"
 #include "client/shm_client.h"
 #include "client/zmq_client.h"
+#include "ipc/address.h"
 #include "ipc/handshake.h"
 
 namespace chi {
@@ -233,7 +234,7 @@ chi_status_t Client::check_submit(chi_route_t route, chi_method_t method, size_t
 
 chi_status_t connect_client(const Config &cfg, std::unique_ptr<Client> *out) {
   const std::string &a = cfg.server_address;
-  if (a.compare(0, 6, "ipc://") == 0 || a.compare(0, 6, "tcp://") == 0) return ZmqClient::connect(cfg, false, out);
+  if (ipc::served_by_zmq(a)) return ZmqClient::connect(cfg, false, out);
   return ShmClient::connect(cfg, false, out);
 }
 
@@ -243,8 +244,7 @@ chi_status_t connect_control(const std::string &address, std::unique_ptr<Client>
   std::string err;
   if (chi_status_t s = load_config(nullptr, &cfg, &err); s != CHI_OK) return set_error(s, "%s", err.c_str());
   cfg.server_address = address;
-  if (address.compare(0, 6, "ipc://") == 0 || address.compare(0, 6, "tcp://") == 0)
-    return ZmqClient::connect(cfg, true, out);
+  if (ipc::served_by_zmq(address)) return ZmqClient::connect(cfg, true, out);
   return ShmClient::connect(cfg, true, out);
 }
 

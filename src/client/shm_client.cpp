@@ -12,11 +12,11 @@
 #include <cstring>
 
 #include "base/error.h"
-#include "core/executor.h"
-#include "core/futex.h"
-#include "core/slot_word.h"
+#include "base/futex.h"
 #include "base/log.h"
+#include "core/executor.h"
 #include "core/runtime.h"
+#include "core/slot_word.h"
 #include "ipc/channel.h"
 #include "ipc/ring.h"
 

@@ -7,8 +7,8 @@
 #include <climits>
 #include <cstdint>
 
+#include "base/futex.h"
 #include "core/free_stack.h"
-#include "core/futex.h"
 
 namespace chi {
 

@@ -1,7 +1,6 @@
 #include "client/zmq_client.h"
 
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,12 +10,14 @@
 #include <cstring>
 
 #include "base/error.h"
-#include "core/executor.h"
-#include "core/futex.h"
-#include "core/slot_word.h"
+#include "base/eventfd.h"
+#include "base/futex.h"
 #include "base/log.h"
-#include "ipc/curve.h"
+#include "core/executor.h"
+#include "core/slot_word.h"
+#include "ipc/address.h"
 #include "ipc/channel.h"
+#include "ipc/curve.h"
 #include "ipc/frame.h"
 #include "ipc/zmq_events.h"
 
@@ -82,9 +83,9 @@ chi_status_t ZmqClient::connect(const Config &cfg, bool control, std::unique_ptr
 
 chi_status_t ZmqClient::open(bool control) {
   const std::string &a = address_;
-  if (a.compare(0, 6, "ipc://") == 0) {
+  if (ipc::transport_of(a) == ipc::Transport::kIpc) {
     struct stat st;
-    if (stat(a.c_str() + 6, &st) != 0)
+    if (stat(ipc::after_scheme(a), &st) != 0)
       return set_error(CHI_ERR_DISCONNECTED, "no chimaera-server at %s (%s); start one with "
                        "chimaera-server --listen %s", a.c_str(), strerror(errno), a.c_str());
   }
@@ -94,8 +95,7 @@ chi_status_t ZmqClient::open(bool control) {
     return set_error(CHI_ERR_INTERNAL, "libzmq refused ZMQ_IO_THREADS: %s", zmq_strerror(errno));
   dealer_ = zmq_socket(ctx_, ZMQ_DEALER);
   if (!dealer_) return set_error(CHI_ERR_INTERNAL, "cannot make a zmq socket: %s", zmq_strerror(errno));
-  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake_fd_ < 0) return set_error(CHI_ERR_INTERNAL, "eventfd: %s", strerror(errno));
+  if (chi_status_t st = eventfd_open(&wake_fd_); st != CHI_OK) return st;
   const int hwm = 4096;
   // Heartbeats find a peer that hangs (a closed or killed one is seen at
   // once, from the connection); generous, so a loaded machine is not taken
@@ -123,7 +123,7 @@ chi_status_t ZmqClient::open(bool control) {
       s != CHI_OK)
     return s;
   if (!cfg_.curve_server_key.empty()) {
-    if (a.compare(0, 6, "tcp://") != 0)
+    if (ipc::transport_of(a) != ipc::Transport::kTcp)
       return set_error(CHI_ERR_CONFIG, "curve_server_key is for tcp:// addresses, not %s", a.c_str());
     if (!ipc::is_z85_key(cfg_.curve_server_key))
       return set_error(CHI_ERR_CONFIG, "curve_server_key is not a z85 public key (40 characters)");
@@ -210,9 +210,7 @@ chi_status_t ZmqClient::open(bool control) {
 }
 
 void ZmqClient::wake_io() {
-  uint64_t one = 1;
-  // EAGAIN: the counter is full, a wake-up is pending anyway.
-  if (write(wake_fd_, &one, sizeof one) < 0 && errno != EAGAIN)
+  if (!eventfd_signal(wake_fd_))
     log(LogLevel::kError, "%s: cannot wake the I/O thread: %s", address_.c_str(), strerror(errno));
 }
 
@@ -257,11 +255,7 @@ void ZmqClient::io_main() {
     }
     int n = zmq_poll(items, 3, timeout);
     if (n < 0 && zmq_errno() != EINTR) break;
-    if (items[1].revents & ZMQ_POLLIN) {
-      uint64_t v;
-      while (read(wake_fd_, &v, sizeof v) > 0) {
-      }
-    }
+    if (items[1].revents & ZMQ_POLLIN) eventfd_drain(wake_fd_);
     uint32_t moved = 0;
     // Replies before socket events: a result that came before the
     // connection closed is delivered, not lost to the disconnect.
@@ -356,7 +350,7 @@ uint32_t ZmqClient::io_receive() {
       zmq_msg_close(&msg);
       return got;
     }
-    if (!peer_checked_ && address_.compare(0, 6, "ipc://") == 0) {
+    if (!peer_checked_ && ipc::transport_of(address_) == ipc::Transport::kIpc) {
       // Whoever binds the path first answers: in a folder others can write,
       // that may be another user's fake server.  Nothing of this session
       // (the hello's answer included) is read from a stranger.

@@ -135,18 +135,14 @@ bool parse_bool(const std::string &s, bool *out) {
 
 // shm://NAME, ipc://PATH or tcp://HOST:PORT (the transports' address forms).
 bool valid_address(const std::string &a) {
-  auto rest = [&](const char *scheme) -> const char * {
-    size_t n = std::strlen(scheme);
-    return a.compare(0, n, scheme) == 0 ? a.c_str() + n : nullptr;
-  };
-  if (const char *name = rest("shm://")) return *name && !std::strchr(name, '/');
-  if (const char *path = rest("ipc://")) return *path != '\0';
-  if (const char *hp = rest("tcp://")) {
-    std::string host, why;
-    int port = 0;
-    return ipc::split_tcp_address(hp, &host, &port, &why);
-  }
-  return false;
+  const ipc::Transport t = ipc::transport_of(a);
+  if (t == ipc::Transport::kUnknown) return false;
+  const char *rest = ipc::after_scheme(a);
+  if (t == ipc::Transport::kShm) return *rest && !std::strchr(rest, '/');
+  if (t == ipc::Transport::kIpc) return *rest != '\0';
+  std::string host, why;
+  int port = 0;
+  return ipc::split_tcp_address(rest, &host, &port, &why);
 }
 
 enum class Kind { kInt, kBytes, kBool, kLogLevel, kMode, kAddress, kPathList, kAddressList, kString };

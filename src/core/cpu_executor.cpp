@@ -9,9 +9,9 @@
 #include <cstring>
 
 #include "base/error.h"
-#include "core/futex.h"
-#include "core/slot_word.h"
+#include "base/futex.h"
 #include "base/log.h"
+#include "core/slot_word.h"
 
 namespace chi {
 

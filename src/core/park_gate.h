@@ -26,7 +26,7 @@
 #include <atomic>
 #include <cstdint>
 
-#include "core/futex.h"
+#include "base/futex.h"
 
 namespace chi {
 

@@ -31,7 +31,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "core/futex.h"
+#include "base/futex.h"
 #include "core/idle_backoff.h"
 
 namespace chi {

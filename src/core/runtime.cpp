@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "base/error.h"
-#include "core/futex.h"
+#include "base/futex.h"
 #include "base/log.h"
 
 namespace chi {

@@ -27,9 +27,9 @@
 #include <cstdint>
 
 #include "base/error.h"
+#include "base/futex.h"
 #include "chimaera.h"
 #include "core/executor.h"
-#include "core/futex.h"
 
 namespace chi::slot {
 

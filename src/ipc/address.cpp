@@ -14,7 +14,24 @@ bool name_char(char c) {
          c == '_';
 }
 
+// Every scheme is this long: after_scheme depends on it.
+constexpr size_t kSchemeSize = 6;
+
 }  // namespace
+
+Transport transport_of(const std::string &address) {
+  if (address.compare(0, kSchemeSize, "shm://") == 0) return Transport::kShm;
+  if (address.compare(0, kSchemeSize, "ipc://") == 0) return Transport::kIpc;
+  if (address.compare(0, kSchemeSize, "tcp://") == 0) return Transport::kTcp;
+  return Transport::kUnknown;
+}
+
+const char *after_scheme(const std::string &address) { return address.c_str() + kSchemeSize; }
+
+bool served_by_zmq(const std::string &address) {
+  const Transport t = transport_of(address);
+  return t == Transport::kIpc || t == Transport::kTcp;
+}
 
 bool split_tcp_address(const std::string &hp, std::string *host, int *port, std::string *why) {
   std::string h, p;
@@ -79,8 +96,8 @@ bool is_loopback_host(const std::string &host) {
 }
 
 bool is_loopback_endpoint(const std::string &endpoint) {
-  if (endpoint.compare(0, 6, "tcp://") != 0) return false;
-  const std::string hp = endpoint.substr(6);
+  if (transport_of(endpoint) != Transport::kTcp) return false;
+  const std::string hp = after_scheme(endpoint);
   const size_t colon = hp.rfind(':');
   if (colon == std::string::npos) return false;
   return is_loopback_host(hp.substr(0, colon));

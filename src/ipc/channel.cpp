@@ -14,6 +14,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "ipc/address.h"
 
 namespace chi::ipc {
 
@@ -115,10 +116,10 @@ chi_status_t runtime_dir(std::string *dir) {
 chi_status_t resolve_endpoint(const std::string &address, Endpoint *ep) {
   std::string name = "default";
   if (!address.empty()) {
-    if (address.compare(0, 6, "shm://") != 0)
+    if (transport_of(address) != Transport::kShm)
       return set_error(CHI_ERR_INVALID, "address '%s' is not shm://NAME (ipc:// and tcp:// are not served yet)",
                        address.c_str());
-    name = address.substr(6);
+    name = after_scheme(address);
   }
   if (!valid_name(name))
     return set_error(CHI_ERR_INVALID,

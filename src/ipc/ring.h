@@ -13,8 +13,8 @@
 #include <atomic>
 #include <cstring>
 
+#include "base/futex.h"
 #include "chimaera.h"
-#include "core/futex.h"
 #include "ipc/segment.h"
 
 namespace chi::ipc {

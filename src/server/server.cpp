@@ -3,17 +3,17 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "base/futex.h"
 #include "base/log.h"
-#include "core/futex.h"
 #include "core/runtime.h"
+#include "ipc/address.h"
 #include "server/shm_listener.h"
 #include "server/zmq_listener.h"
 
 namespace chi {
 
 chi_status_t open_listener(Service &service, const std::string &address, std::unique_ptr<Listener> *out) {
-  if (address.compare(0, 6, "ipc://") == 0 || address.compare(0, 6, "tcp://") == 0)
-    return ZmqListener::open(service, address, out);
+  if (ipc::served_by_zmq(address)) return ZmqListener::open(service, address, out);
   return ShmListener::open(service, address, out);
 }
 

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/futex.h"
 #include "base/log.h"
-#include "core/futex.h"
 #include "core/runtime.h"
 #include "ipc/handshake.h"
 #include "server/status.h"

@@ -9,9 +9,9 @@
 #include <mutex>
 
 #include "base/error.h"
-#include "core/futex.h"
-#include "core/stats.h"
+#include "base/futex.h"
 #include "base/log.h"
+#include "core/stats.h"
 #include "ipc/ring.h"
 #include "ipc/wire.h"
 

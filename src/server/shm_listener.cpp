@@ -4,7 +4,6 @@
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -14,8 +13,9 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "base/eventfd.h"
+#include "base/futex.h"
 #include "base/log.h"
-#include "core/futex.h"
 #include "core/runtime.h"
 #include "ipc/handshake.h"
 #include "server/service.h"
@@ -57,8 +57,7 @@ chi_status_t ShmListener::bind(const std::string &address) {
     return set_error(CHI_ERR_INTERNAL, "listen on %s: %s", ep_.socket_path.c_str(), strerror(errno));
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   if (epoll_fd_ < 0) return set_error(CHI_ERR_INTERNAL, "epoll_create1: %s", strerror(errno));
-  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake_fd_ < 0) return set_error(CHI_ERR_INTERNAL, "eventfd: %s", strerror(errno));
+  if (chi_status_t st = eventfd_open(&wake_fd_); st != CHI_OK) return st;
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.ptr = &listen_fd_;
@@ -128,7 +127,7 @@ void ShmListener::control_main() {
       if (tag == &listen_fd_) {
         if (listening && !accept_paused_) accept_clients();
       } else if (tag == &wake_fd_) {
-        drain_fd(wake_fd_);
+        eventfd_drain(wake_fd_);
       } else if (pending_input(tag)) {
       } else {
         Session *s = static_cast<Session *>(tag);

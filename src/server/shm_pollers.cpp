@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <sched.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -11,8 +10,9 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "base/eventfd.h"
+#include "base/futex.h"
 #include "base/log.h"
-#include "core/futex.h"
 #include "core/runtime.h"
 #include "server/service.h"
 #include "server/session.h"
@@ -27,15 +27,7 @@ constexpr int kIdleCheckMs = 1000;
 }  // namespace
 
 void signal_fd(int fd) {
-  uint64_t one = 1;
-  if (write(fd, &one, sizeof one) < 0 && errno != EAGAIN)
-    log(LogLevel::kError, "cannot signal eventfd %d: %s", fd, strerror(errno));
-}
-
-void drain_fd(int fd) {
-  uint64_t v;
-  while (read(fd, &v, sizeof v) > 0) {
-  }
+  if (!eventfd_signal(fd)) log(LogLevel::kError, "cannot signal eventfd %d: %s", fd, strerror(errno));
 }
 
 void drain_doorbell(int fd) {
@@ -78,8 +70,7 @@ chi_status_t PollerPool::start(unsigned n) {
     auto p = std::make_unique<Poller>();
     p->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (p->epfd < 0) return set_error(CHI_ERR_INTERNAL, "epoll_create1: %s", strerror(errno));
-    p->wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (p->wake < 0) return set_error(CHI_ERR_INTERNAL, "eventfd: %s", strerror(errno));
+    if (chi_status_t st = eventfd_open(&p->wake); st != CHI_OK) return st;
     epoll_event pe{};
     pe.events = EPOLLIN;
     pe.data.ptr = nullptr;
@@ -227,7 +218,7 @@ void PollerPool::main(Poller *p) {
         if (events[i].data.ptr)
           drain_doorbell(static_cast<Session *>(events[i].data.ptr)->doorbell());
         else
-          drain_fd(p->wake);
+          eventfd_drain(p->wake);
       }
     }
     for (Session *s : snap) s->arm_doorbell(false);

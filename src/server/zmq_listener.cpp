@@ -2,7 +2,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,8 +11,9 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "base/eventfd.h"
+#include "base/futex.h"
 #include "base/log.h"
-#include "core/futex.h"
 #include "core/runtime.h"
 #include "core/stats.h"
 #include "ipc/address.h"
@@ -21,7 +21,6 @@
 #include "ipc/curve.h"
 #include "ipc/handshake.h"
 #include "ipc/zmq_events.h"
-#include "server/wake.h"
 
 namespace chi {
 
@@ -63,15 +62,16 @@ chi_status_t ZmqListener::open(Service &service, const std::string &address, std
 }
 
 chi_status_t ZmqListener::bind() {
-  const bool tcp = address_.compare(0, 6, "tcp://") == 0;
+  const ipc::Transport transport = ipc::transport_of(address_);
+  const bool tcp = transport == ipc::Transport::kTcp;
   if (tcp) {
     std::string host, why;
     int port = 0;
-    if (!ipc::split_tcp_address(address_.substr(6), &host, &port, &why))
+    if (!ipc::split_tcp_address(ipc::after_scheme(address_), &host, &port, &why))
       return set_error(CHI_ERR_INVALID, "%s is not tcp://HOST:PORT: %s", address_.c_str(), why.c_str());
     if (chi_status_t s = curve_.configure(svc_.config(), address_, ipc::is_loopback_host(host)); s != CHI_OK)
       return s;
-  } else if (address_.compare(0, 6, "ipc://") != 0) {
+  } else if (transport != ipc::Transport::kIpc) {
     return set_error(CHI_ERR_INVALID, "%s is not an ipc:// or tcp:// address", address_.c_str());
   }
   ctx_ = zmq_ctx_new();
@@ -81,8 +81,7 @@ chi_status_t ZmqListener::bind() {
     if (chi_status_t s = curve_.bind_zap(ctx_); s != CHI_OK) return s;
   router_ = zmq_socket(ctx_, ZMQ_ROUTER);
   if (!router_) return set_error(CHI_ERR_INTERNAL, "cannot make a zmq socket: %s", zmq_strerror(errno));
-  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake_fd_ < 0) return set_error(CHI_ERR_INTERNAL, "eventfd: %s", strerror(errno));
+  if (chi_status_t st = eventfd_open(&wake_fd_); st != CHI_OK) return st;
   // LINGER: replies and the final "gone" frames leave before the socket closes.
   // Heartbeats find a client whose network is gone (one that exits or is
   // killed is seen at once, from its connection): its session and queued
@@ -160,7 +159,7 @@ chi_status_t ZmqListener::start() {
   log(LogLevel::kInfo, "serving %s%s", address_.c_str(), curve_.enabled() ? " (CURVE, allow-listed client keys)" : "");
   // A TCP peer has no uid to check: without CURVE, loopback admits every
   // local user (docs/server.md, "Threat model").
-  if (address_.compare(0, 6, "tcp://") == 0 && !curve_.enabled())
+  if (ipc::transport_of(address_) == ipc::Transport::kTcp && !curve_.enabled())
     log(LogLevel::kWarn,
         "%s has no CURVE keys: any local user can connect, run tasks, read status and stop this server; "
         "for one user's clients use shm:// or ipc://, or set server.curve_key_file and "
@@ -170,8 +169,7 @@ chi_status_t ZmqListener::start() {
 }
 
 void ZmqListener::wake() {
-  uint64_t one = 1;
-  if (wake_fd_ >= 0 && write(wake_fd_, &one, sizeof one) < 0 && errno != EAGAIN)
+  if (wake_fd_ >= 0 && !eventfd_signal(wake_fd_))
     log(LogLevel::kError, "%s: cannot wake the I/O thread: %s", address_.c_str(), strerror(errno));
 }
 
@@ -197,7 +195,7 @@ void ZmqListener::io_main() {
       log(LogLevel::kError, "%s: zmq_poll: %s: the listener stops", address_.c_str(), zmq_strerror(zmq_errno()));
       break;
     }
-    if (items[1].revents & ZMQ_POLLIN) drain_fd(wake_fd_);
+    if (items[1].revents & ZMQ_POLLIN) eventfd_drain(wake_fd_);
     if (items[2].revents & ZMQ_POLLIN) monitor_events();
     if (items[0].revents & ZMQ_POLLIN) receive();
     enforce_connection_caps();
@@ -347,7 +345,7 @@ void ZmqListener::handle_hello(const std::string &identity, int fd, uint64_t id,
   cred.uid = uid_t(-1);
   // A peer whose uid cannot be told (no descriptor) is refused, not taken
   // for a TCP one.
-  const bool local = address_.compare(0, 6, "ipc://") == 0;
+  const bool local = ipc::transport_of(address_) == ipc::Transport::kIpc;
   if (local) {
     socklen_t len = sizeof cred;
     if (fd < 0 || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) cred.uid = uid_t(-1);

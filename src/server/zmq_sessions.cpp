@@ -9,9 +9,9 @@
 
 #include <algorithm>
 
+#include "base/futex.h"
 #include "base/log.h"
 #include "config/config.h"
-#include "core/futex.h"
 #include "ipc/zmq_events.h"
 #include "server/zmq_listener.h"
 

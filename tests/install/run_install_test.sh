@@ -44,6 +44,7 @@ echo "library: $lib"
 [ -e "$libdir/libchimaera.so.0" ] || fail "no libchimaera.so.0 link (the soname)"
 [ -f "$prefix/include/chimaera.h" ] || fail "chimaera.h not installed"
 [ -f "$prefix/include/chimaera/config.h" ] || fail "chimaera/config.h not installed"
+[ -f "$prefix/include/chimaera/version.h" ] || fail "chimaera/version.h not installed"
 [ -f "$libdir/pkgconfig/chimaera.pc" ] || fail "chimaera.pc not in $libdir/pkgconfig"
 [ -f "$libdir/cmake/chimaera/chimaera-config.cmake" ] || fail "no CMake package config"
 
