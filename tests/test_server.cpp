@@ -1972,13 +1972,13 @@ class ShmPeer {
         if (r < 90) return bad_hello(rng);
         return drop(rng);  // silent, or half a hello
       case kTasks:
-        if (r < 40) return submit(rng);
-        if (r < 52) return control(rng);
-        if (r < 60) return collect(rng);
-        if (r < 64) return hello(rng);  // a second hello
-        if (r < 69) return junk(rng);
-        if (r < 74) return violate(rng);
-        if (r < 86) return drop(rng);
+        if (r < 45) return submit(rng);
+        if (r < 57) return control(rng);
+        if (r < 66) return collect(rng);
+        if (r < 69) return hello(rng);  // a second hello
+        if (r < 73) return junk(rng);
+        if (r < 77) return violate(rng);
+        if (r < 87) return drop(rng);
         return submit(rng);
       case kControl:
         if (r < 60) return control(rng);
@@ -2147,7 +2147,7 @@ class ShmPeer {
     if (recv_msg(&h, &body, nullptr) != Got::kEof)
       fail_msg("peer %d: a message of kind %u status %d after %s, want EOF", index_, unsigned(h.kind), h.status,
                after);
-    ++cut_off;
+    if (state_ != kFresh) ++cut_off;
     end_session();
     close_socket();
   }
@@ -2253,7 +2253,7 @@ class ShmPeer {
   Seg &live() { return *segs_.back(); }
 
   // A free slot of the live segment (waits for a result when none is).
-  uint32_t free_slot(uint64_t *rng) {
+  uint32_t free_slot(uint64_t pick) {
     Seg &s = live();
     const int64_t deadline = now_ns() + kGuardNs;
     while (s.out == s.slots.size()) {
@@ -2261,7 +2261,7 @@ class ShmPeer {
       if (now_ns() > deadline) fail_msg("peer %d: no slot came free", index_);
       usleep(100);
     }
-    uint32_t i = uint32_t(chi_test_rand(rng) % s.slots.size());
+    uint32_t i = uint32_t(pick % s.slots.size());
     while (s.slots[i].out) i = (i + 1) % uint32_t(s.slots.size());
     return i;
   }
@@ -2290,7 +2290,7 @@ class ShmPeer {
     const int n = 1 + int(chi_test_rand(rng) % 3 == 0 ? chi_test_rand(rng) % 4 : 0);
     bool ring = false;
     for (int k = 0; k < n; ++k) {
-      const uint32_t i = free_slot(rng);
+      const uint32_t i = free_slot(chi_test_rand(rng));
       Slot &sl = s.slots[i];
       sl.gen = (sl.gen + 1) & chi::ipc::kSlotGenMask;
       sl.status = CHI_OK;
@@ -2358,7 +2358,8 @@ class ShmPeer {
   // Waits for some of the live session's results.
   void collect(uint64_t *rng) {
     Seg &s = live();
-    const uint32_t want = s.out ? uint32_t(chi_test_rand(rng) % s.out) : 0;
+    const uint64_t pick = chi_test_rand(rng);
+    const uint32_t want = s.out ? uint32_t(pick % s.out) : 0;
     const int64_t deadline = now_ns() + kGuardNs;
     while (s.out > want) {
       scan(s);
@@ -2498,20 +2499,22 @@ class ShmPeer {
   void violate(uint64_t *rng) {
     Seg &s = live();
     bool ring = false;
+    // As many draws whatever the results so far: a seed picks the same steps.
     const unsigned what = unsigned(chi_test_rand(rng) % 3);
+    const uint64_t a = chi_test_rand(rng), b = chi_test_rand(rng);
     if (what == 0 || (what == 2 && s.out == 0)) {
-      push(uint32_t(s.slots.size() + chi_test_rand(rng) % 100000), &ring);
+      push(uint32_t(s.slots.size() + a % 100000), &ring);
     } else if (what == 1) {
       // A free slot queued in a state other than submitted.
-      const uint32_t i = free_slot(rng);
+      const uint32_t i = free_slot(a);
       const uint32_t states[] = {chi::ipc::kSlotFree, chi::ipc::kSlotDone, 0x55, 0x7F};
-      const uint32_t w = chi::ipc::slot_word(s.slots[i].gen, states[chi_test_rand(rng) % 4]);
+      const uint32_t w = chi::ipc::slot_word(s.slots[i].gen, states[b % 4]);
       s.v.slot(i)->state.store(w);
       s.slots[i].idle = w;
       push(i, &ring);
     } else {
       // A slot queued again before its result was seen.
-      uint32_t i = uint32_t(chi_test_rand(rng) % s.slots.size());
+      uint32_t i = uint32_t(a % s.slots.size());
       while (!s.slots[i].out) i = (i + 1) % uint32_t(s.slots.size());
       push(i, &ring);
     }
@@ -2619,7 +2622,7 @@ void test_shm_sequences(void **) {
     }
   });
   std::set<uint32_t> ids;
-  const int fds = count_fds();
+  int fds = count_fds();
   for (long n = 0; n < sequences; ++n) {
     std::vector<std::unique_ptr<ShmPeer>> peers;
     const int npeers = 2 + int(chi_test_rand(&rng) % 3);
@@ -2640,11 +2643,12 @@ void test_shm_sequences(void **) {
     // Every session freed (its socket, segment and doorbell closed), every
     // stray descriptor closed: then nothing writes the segments any more.
     int now = count_fds();
-    for (int i = 0; i < 6000 && now != fds; ++i) {
+    for (int i = 0; i < 6000 && now > fds; ++i) {
       usleep(10000);
       now = count_fds();
     }
-    if (now != fds) fail_msg("sequence %ld: %d descriptors open, %d before", n, now, fds);
+    if (now > fds) fail_msg("sequence %ld: %d descriptors open, %d before", n, now, fds);
+    fds = now;  // the first count may have caught one the server was about to close
     for (auto &p : peers) p->final_check();
     char reply[8192];
     assert_status(CHI_OK, chi_server_query(f.address.c_str(), "status", reply, sizeof reply, nullptr));
