@@ -2623,7 +2623,9 @@ void test_shm_sequences(void **) {
   });
   std::set<uint32_t> ids;
   int fds = count_fds();
+  uint64_t cancelled = stats_of(f.rt).tasks_cancelled;
   for (long n = 0; n < sequences; ++n) {
+    const long unanswered = ShmPeer::unanswered;
     std::vector<std::unique_ptr<ShmPeer>> peers;
     const int npeers = 2 + int(chi_test_rand(&rng) % 3);
     for (int k = 0; k < npeers; ++k) peers.push_back(std::make_unique<ShmPeer>(f.address, k, f.sleep_method, &ids));
@@ -2650,6 +2652,12 @@ void test_shm_sequences(void **) {
     if (now > fds) fail_msg("sequence %ld: %d descriptors open, %d before", n, now, fds);
     fds = now;  // the first count may have caught one the server was about to close
     for (auto &p : peers) p->final_check();
+    // A task cancelled because its peer left is one that peer never saw answered.
+    const uint64_t was = cancelled;
+    cancelled = stats_of(f.rt).tasks_cancelled;
+    if (cancelled - was > uint64_t(ShmPeer::unanswered - unanswered))
+      fail_msg("sequence %ld: %llu task(s) cancelled, %ld never answered", n, (unsigned long long)(cancelled - was),
+               ShmPeer::unanswered - unanswered);
     char reply[8192];
     assert_status(CHI_OK, chi_server_query(f.address.c_str(), "status", reply, sizeof reply, nullptr));
     const long before = served.load();
