@@ -2604,9 +2604,13 @@ void test_shm_sequences(void **) {
   if (!rng) rng = 1;
   print_message("  %ld sequences, seed %#llx\n", sequences, (unsigned long long)rng);
   // Short rings (their positions wrap), a small per-client limit (tasks
-  // park in the ring), and a hello timeout no step reaches.
-  ServerFixture f = start_server(
-      "server:\n  client_max_in_flight: 3\n  client_slots: 8\n  hello_timeout_ms: 600000\n");
+  // park in the ring), and a hello timeout no step reaches.  With
+  // $CHI_TEST_WORKERS=1 the built-ins run on workers too (cancellable while
+  // queued) instead of on the pollers.
+  std::string yaml = "server:\n  client_max_in_flight: 3\n  client_slots: 8\n  hello_timeout_ms: 600000\n";
+  const char *workers = getenv("CHI_TEST_WORKERS");
+  if (workers && atoi(workers)) yaml += "  inline_builtins: false\n";
+  ServerFixture f = start_server(yaml.c_str());
   chi_runtime_t *honest = connect_client(f.address);
   std::atomic<bool> done{false};
   std::atomic<long> bad{0}, served{0};
