@@ -2004,9 +2004,17 @@ class ShmPeer {
         if (now_ns() > deadline) fail_msg("peer %d (session %u): %u task(s) never answered", index_, s.session, s.out);
         usleep(100);
       }
-      const std::string row = status_row(address_, s.session);
-      if (row.find("\"in_flight\":0,") == std::string::npos && row.find("\"in_flight\":0}") == std::string::npos)
-        fail_msg("peer %d: session %u answered all, yet: %s", index_, s.session, row.c_str());
+      // The count drops just after the result is published (Session::finish):
+      // it may lag the last result by a moment, never for good.
+      auto idle = [](const std::string &row) {
+        return row.find("\"in_flight\":0,") != std::string::npos || row.find("\"in_flight\":0}") != std::string::npos;
+      };
+      std::string row = status_row(address_, s.session);
+      for (int i = 0; i < 60000 && !idle(row); ++i) {
+        usleep(1000);
+        row = status_row(address_, s.session);
+      }
+      if (!idle(row)) fail_msg("peer %d: session %u answered all, yet: %s", index_, s.session, row.c_str());
     }
     close_socket();
   }
