@@ -48,3 +48,13 @@ foreach(transport ipc tcp)
   set_tests_properties(test_server_sequences_${transport} PROPERTIES TIMEOUT 300 LABELS server
     ENVIRONMENT "CHI_TEST_TRANSPORT=${transport};CHI_TEST_FILTER=test_protocol_sequences;CHI_TEST_SEQUENCES=500")
 endforeach()
+
+# The same over shm:// (test_shm_sequences): raw peers drive the session
+# socket and the segment's ring; 20 sequences in the default test_server run,
+# 500 here, and 200 with the built-ins on workers (CHI_TEST_WORKERS=1).
+add_test(NAME test_server_sequences_shm COMMAND test_server)
+set_tests_properties(test_server_sequences_shm PROPERTIES TIMEOUT 300 LABELS server
+  ENVIRONMENT "CHI_TEST_TRANSPORT=shm;CHI_TEST_FILTER=test_shm_sequences;CHI_TEST_SEQUENCES=500")
+add_test(NAME test_server_sequences_shm_workers COMMAND test_server)
+set_tests_properties(test_server_sequences_shm_workers PROPERTIES TIMEOUT 300 LABELS server
+  ENVIRONMENT "CHI_TEST_TRANSPORT=shm;CHI_TEST_FILTER=test_shm_sequences;CHI_TEST_SEQUENCES=200;CHI_TEST_WORKERS=1")

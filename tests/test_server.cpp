@@ -19,6 +19,7 @@
 
 #include "core/executor.h"
 #include "ipc/frame.h"
+#include "ipc/ring.h"
 #include "ipc/segment.h"
 #include "ipc/wire.h"
 
@@ -1927,6 +1928,774 @@ void test_protocol_sequences(void **) {
   assert_status(CHI_OK, chi_finalize(f.rt));
 }
 
+// Stateful protocol fuzzing of shm:// sessions, the shared-memory half of
+// test_protocol_sequences: random sequences of actions per connection from
+// several raw peers at once, against a real shm listener whose per-client
+// limit is small (tasks park in the ring) and whose rings are short (their
+// positions wrap).  A peer connects, says hello (a task or a control
+// session; whole, a byte at a time, with a stray descriptor, or with a ping
+// behind it in one write), sends a malformed hello, submits tasks through
+// the ring (slow ones that run or wait, built-ins, bad methods, routes and
+// sizes, a waiter's sleeper bit), sends control requests (status, ping,
+// lookup, stats, device memory it does not have, unknown ones), a second
+// hello, malformed messages, records no honest client writes, and closes
+// its socket with tasks queued and running (the wire has no cancel: leaving
+// cancels), then reconnects.  Each peer models every slot word of every
+// segment it was given, live or left: a word moves only from the task the
+// peer queued to its result, once; a consumed result's word is rewritten
+// by the peer, so that a second one shows.  After each sequence: every live
+// session's in-flight count is 0, the server has no client task in flight,
+// no CPU slot in use, no session but the honest client's and none leaving,
+// its descriptors are back to the count before the sequence, status
+// answers, the honest client (running beside all along) is served, and
+// every task of a session that left either has its right result or was
+// never answered.  $CHI_TEST_SEQUENCES sequences (default 20, times
+// $CHI_TEST_SCALE), $CHI_TEST_SEED picks them.
+class ShmPeer {
+ public:
+  // What all peers did and got (printed at the end: the run did something).
+  static inline long welcomes = 0, controls = 0, refusals = 0, cut_off = 0, submits = 0, results = 0, late = 0,
+                     unanswered = 0, requests = 0, lagged = 0;
+  enum State { kNone, kFresh, kTasks, kControl };
+
+  ShmPeer(const std::string &address, int index, chi_method_t sleep, std::set<uint32_t> *ids)
+      : address_(address), index_(index), sleep_(sleep), ids_(ids) {}
+  State state() const { return state_; }
+
+  void step(uint64_t *rng) {
+    const unsigned r = unsigned(chi_test_rand(rng) % 100);
+    switch (state_) {
+      case kNone:
+        return connect_peer();
+      case kFresh:
+        if (r < 65) return hello(rng);
+        if (r < 90) return bad_hello(rng);
+        return drop(rng);  // silent, or half a hello
+      case kTasks:
+        if (r < 45) return submit(rng);
+        if (r < 57) return control(rng);
+        if (r < 66) return collect(rng);
+        if (r < 69) return hello(rng);  // a second hello
+        if (r < 73) return junk(rng);
+        if (r < 77) return violate(rng);
+        if (r < 87) return drop(rng);
+        return submit(rng);
+      case kControl:
+        if (r < 60) return control(rng);
+        if (r < 70) return hello(rng);
+        if (r < 80) return junk(rng);
+        return drop(rng);
+    }
+  }
+
+  // Every slot word of every segment still mapped is one the model allows.
+  void scan() {
+    for (auto &s : segs_) scan(*s);
+  }
+
+  // The live session's tasks are all answered, its in-flight count is 0; then
+  // the peer closes everything but the mappings.
+  void finish() {
+    if (state_ == kTasks) {
+      Seg &s = *segs_.back();
+      const int64_t deadline = now_ns() + kGuardNs;
+      while (s.out) {
+        scan(s);
+        if (now_ns() > deadline) fail_msg("peer %d (session %u): %u task(s) never answered", index_, s.session, s.out);
+        usleep(100);
+      }
+      // The count drops just after the result is published (Session::finish):
+      // it may lag the last result by a moment, never for good.
+      auto idle = [](const std::string &row) {
+        return row.find("\"in_flight\":0,") != std::string::npos || row.find("\"in_flight\":0}") != std::string::npos;
+      };
+      std::string row = status_row(address_, s.session);
+      if (!idle(row)) ++lagged;
+      for (int i = 0; i < 60000 && !idle(row); ++i) {
+        usleep(1000);
+        row = status_row(address_, s.session);
+      }
+      if (!idle(row)) fail_msg("peer %d: session %u answered all, yet: %s", index_, s.session, row.c_str());
+    }
+    close_socket();
+  }
+
+  // After the server settled and freed every session: nothing moves any more.
+  // A task of a session that left has its right result or none.
+  void final_check() {
+    for (auto &s : segs_) {
+      scan(*s);
+      unanswered += s->out;
+      munmap(s->v.base, s->v.layout.size);
+    }
+    segs_.clear();
+  }
+
+ private:
+  static constexpr int64_t kGuardNs = 60ll * 1000000000;  // a hang guard, not a time bound
+  struct Slot {
+    uint32_t gen = 0;
+    uint32_t idle = 0;  // what the word reads while no task of the slot is queued
+    bool out = false;   // queued, no result seen yet
+    int32_t status = CHI_OK;
+    std::string want;
+  };
+  struct Seg {
+    chi::ipc::SegmentView v;
+    uint32_t session = 0;
+    bool live = true;
+    uint32_t out = 0;
+    std::vector<Slot> slots;
+  };
+  enum class Got { kMsg, kEof };
+
+  void connect_peer() {
+    sock_ = raw_connect(address_);
+    // Hang guards only: every wait here ends with an answer or EOF.
+    timeval tv{60, 0};
+    setsockopt(sock_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(sock_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    state_ = kFresh;
+  }
+
+  static std::string msg(chi::ipc::Kind kind, uint16_t op, uint32_t flags, const void *payload, uint32_t len) {
+    chi::ipc::MsgHeader h{chi::ipc::kMsgMagic, uint16_t(kind), op, flags, len, 0};
+    std::string m(reinterpret_cast<const char *>(&h), sizeof h);
+    m.append(static_cast<const char *>(payload), len);
+    return m;
+  }
+
+  // Sends bytes whole or in pieces, optionally with a descriptor the server
+  // did not ask for (it must close it).  `refused`: the server may close the
+  // connection before the last piece (a malformed header is enough).
+  void send_bytes(const std::string &bytes, uint64_t *rng, bool pieces, bool stray_fd = false,
+                  bool refused = false) {
+    size_t at = 0;
+    while (at < bytes.size()) {
+      size_t n = bytes.size() - at;
+      if (pieces) n = std::min(n, size_t(1 + chi_test_rand(rng) % 7));
+      iovec iov{const_cast<char *>(bytes.data() + at), n};
+      msghdr m{};
+      m.msg_iov = &iov;
+      m.msg_iovlen = 1;
+      alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))];
+      int extra = -1;
+      if (stray_fd && at == 0) {
+        extra = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        memset(ctrl, 0, sizeof ctrl);
+        m.msg_control = ctrl;
+        m.msg_controllen = sizeof ctrl;
+        cmsghdr *c = CMSG_FIRSTHDR(&m);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &extra, sizeof extra);
+      }
+      const ssize_t k = sendmsg(sock_, &m, MSG_NOSIGNAL);
+      if (extra >= 0) close(extra);
+      if (k < 0 && refused && (errno == EPIPE || errno == ECONNRESET)) return;
+      if (k <= 0) fail_msg("peer %d: send: %s", index_, k < 0 ? strerror(errno) : "nothing sent");
+      at += size_t(k);
+    }
+  }
+
+  // One whole message (kMsg) or EOF; the descriptors it carried in fds.
+  Got recv_msg(chi::ipc::MsgHeader *h, std::string *body, int fds[2]) {
+    if (fds) fds[0] = fds[1] = -1;
+    size_t got = 0;
+    while (got < sizeof *h) {
+      iovec iov{reinterpret_cast<char *>(h) + got, sizeof *h - got};
+      alignas(cmsghdr) char ctrl[CMSG_SPACE(4 * sizeof(int))];
+      msghdr m{};
+      m.msg_iov = &iov;
+      m.msg_iovlen = 1;
+      m.msg_control = ctrl;
+      m.msg_controllen = sizeof ctrl;
+      const ssize_t n = recvmsg(sock_, &m, MSG_CMSG_CLOEXEC);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        fail_msg("peer %d: no answer from the server within the hang guard", index_);
+      if (n <= 0) {
+        if (got) fail_msg("peer %d: a torn message header (%zu bytes)", index_, got);
+        return Got::kEof;  // EOF or ECONNRESET
+      }
+      for (cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); ++i) {
+          int f;
+          memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+          if (fds && fds[0] < 0) fds[0] = f;
+          else if (fds && fds[1] < 0) fds[1] = f;
+          else fail_msg("peer %d: descriptors it did not expect", index_);
+        }
+      }
+      got += size_t(n);
+    }
+    if (h->magic != chi::ipc::kMsgMagic || h->length > chi::ipc::kMaxMsgPayload)
+      fail_msg("peer %d: a malformed message from the server", index_);
+    body->assign(h->length, '\0');
+    if (h->length && recv(sock_, body->data(), h->length, MSG_WAITALL) != ssize_t(h->length))
+      fail_msg("peer %d: a torn message body", index_);
+    return Got::kMsg;
+  }
+
+  chi::ipc::MsgHeader expect(chi::ipc::Kind kind, int32_t status, std::string *body, int fds[2] = nullptr) {
+    chi::ipc::MsgHeader h{};
+    if (recv_msg(&h, body, fds) == Got::kEof)
+      fail_msg("peer %d (state %d): EOF, want message kind %u status %d", index_, int(state_), unsigned(kind), status);
+    if (h.kind != uint16_t(kind) || h.status != status)
+      fail_msg("peer %d (state %d): message kind %u status %d, want kind %u status %d", index_, int(state_),
+               unsigned(h.kind), h.status, unsigned(kind), status);
+    return h;
+  }
+
+  // The server ended the connection: nothing more comes, then EOF.
+  void expect_eof(const char *after) {
+    chi::ipc::MsgHeader h{};
+    std::string body;
+    if (recv_msg(&h, &body, nullptr) != Got::kEof)
+      fail_msg("peer %d: a message of kind %u status %d after %s, want EOF", index_, unsigned(h.kind), h.status,
+               after);
+    if (state_ != kFresh) ++cut_off;
+    end_session();
+    close_socket();
+  }
+
+  void hello(uint64_t *rng) {
+    const bool again = state_ != kFresh;
+    const uint32_t kind = chi_test_rand(rng) % 5 == 0 ? chi::ipc::kSessionControl : chi::ipc::kSessionTasks;
+    chi::ipc::Hello h{chi::ipc::kProtocolVersion, chi_version(), kind, 0};
+    std::string m = msg(chi::ipc::Kind::kHello, 0, 0, &h, sizeof h);
+    const unsigned how = unsigned(chi_test_rand(rng) % 4);
+    // A ping behind the hello in one write: read after the session starts.
+    const bool ping = how == 3 && !again;
+    if (ping) m += msg(chi::ipc::Kind::kControl, uint16_t(chi::ipc::Op::kPing), 0, nullptr, 0);
+    send_bytes(m, rng, how == 1, how == 2);
+    std::string body;
+    if (again) {
+      // Not a control request: refused, and the session ends.
+      expect(chi::ipc::Kind::kControlReply, CHI_ERR_PROTOCOL, &body);
+      return expect_eof("a second hello");
+    }
+    int fds[2];
+    expect(chi::ipc::Kind::kWelcome, CHI_OK, &body, fds);
+    chi::ipc::Welcome w{};
+    if (body.size() != sizeof w) fail_msg("peer %d: a welcome of %zu bytes", index_, body.size());
+    memcpy(&w, body.data(), sizeof w);
+    if (!ids_->insert(w.session_id).second) fail_msg("peer %d: session id %u given twice", index_, w.session_id);
+    if (kind == chi::ipc::kSessionControl) {
+      if (fds[0] >= 0 || fds[1] >= 0) fail_msg("peer %d: a control session got descriptors", index_);
+      ++controls;
+      state_ = kControl;
+    } else {
+      if (fds[0] < 0 || fds[1] < 0) fail_msg("peer %d: a task session without its segment", index_);
+      auto s = std::make_unique<Seg>();
+      s->session = w.session_id;
+      s->v.layout = chi::ipc::segment_layout(w.nslots, w.max_payload);
+      if (s->v.layout.size != w.segment_size) fail_msg("peer %d: segment size %llu", index_, (unsigned long long)w.segment_size);
+      void *p = mmap(nullptr, s->v.layout.size, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+      assert_true(p != MAP_FAILED);
+      close(fds[0]);
+      s->v.base = static_cast<uint8_t *>(p);
+      if (s->v.header()->magic != chi::ipc::kSegmentMagic || s->v.header()->nslots != w.nslots)
+        fail_msg("peer %d: a segment with a bad header", index_);
+      s->slots.resize(w.nslots);
+      segs_.push_back(std::move(s));
+      bell_ = fds[1];
+      ++welcomes;
+      state_ = kTasks;
+    }
+    if (ping) {
+      expect(chi::ipc::Kind::kControlReply, CHI_OK, &body);
+      ++requests;
+    }
+  }
+
+  // Each is refused with a reason (PROTOCOL), then EOF.
+  void bad_hello(uint64_t *rng) {
+    chi::ipc::Hello h{chi::ipc::kProtocolVersion, chi_version(), chi::ipc::kSessionTasks, 0};
+    std::string m;
+    switch (chi_test_rand(rng) % 8) {
+      case 0: {  // not our magic
+        m = msg(chi::ipc::Kind::kHello, 0, 0, &h, sizeof h);
+        m[0] = char(m[0] ^ 0x5a);
+        break;
+      }
+      case 1:  // another message first
+        m = msg(chi::ipc::Kind::kControl, uint16_t(chi::ipc::Op::kStatus), 0, nullptr, 0);
+        break;
+      case 2:  // another protocol
+        h.protocol += 1 + uint32_t(chi_test_rand(rng) % 100);
+        m = msg(chi::ipc::Kind::kHello, 0, 0, &h, sizeof h);
+        break;
+      case 3:  // another major version of the library
+        h.library_version += 10000;
+        m = msg(chi::ipc::Kind::kHello, 0, 0, &h, sizeof h);
+        break;
+      case 4:  // short
+        m = msg(chi::ipc::Kind::kHello, 0, 0, &h, uint32_t(chi_test_rand(rng) % sizeof h));
+        break;
+      case 5:  // an unknown session kind
+        h.kind = 3 + uint32_t(chi_test_rand(rng) % 1000);
+        m = msg(chi::ipc::Kind::kHello, 0, 0, &h, sizeof h);
+        break;
+      case 6: {  // more than a hello may hold (the header says so at once)
+        m = msg(chi::ipc::Kind::kHello, 0, 0, nullptr, 0);
+        const uint32_t len = 257 + uint32_t(chi_test_rand(rng) % 100000);
+        memcpy(&m[offsetof(chi::ipc::MsgHeader, length)], &len, sizeof len);
+        break;
+      }
+      default: {  // a kind outside the enum
+        m = msg(chi::ipc::Kind::kHello, 0, 0, &h, sizeof h);
+        const uint16_t k = chi_test_rand(rng) % 2 ? 0 : uint16_t(chi::ipc::kLastKind + 1 + chi_test_rand(rng) % 100);
+        memcpy(&m[offsetof(chi::ipc::MsgHeader, kind)], &k, sizeof k);
+        break;
+      }
+    }
+    send_bytes(m, rng, chi_test_rand(rng) % 3 == 0, false, true);
+    std::string body;
+    expect(chi::ipc::Kind::kWelcome, CHI_ERR_PROTOCOL, &body);
+    ++refusals;
+    expect_eof("a refusal");
+  }
+
+  Seg &live() { return *segs_.back(); }
+
+  // A free slot of the live segment (waits for a result when none is).
+  uint32_t free_slot(uint64_t pick) {
+    Seg &s = live();
+    const int64_t deadline = now_ns() + kGuardNs;
+    while (s.out == s.slots.size()) {
+      scan(s);
+      if (now_ns() > deadline) fail_msg("peer %d: no slot came free", index_);
+      usleep(100);
+    }
+    uint32_t i = uint32_t(pick % s.slots.size());
+    while (s.slots[i].out) i = (i + 1) % uint32_t(s.slots.size());
+    return i;
+  }
+
+  void push(uint32_t slot, bool *ring) {
+    const int64_t deadline = now_ns() + kGuardNs;
+    auto alive = [&] {
+      if (now_ns() > deadline) fail_msg("peer %d: a ring cell never came free", index_);
+      return true;
+    };
+    bool r = false;
+    chi::ipc::ring_push(live().v, slot, alive, &r);
+    *ring = *ring || r;
+  }
+
+  void doorbell(bool ring, uint64_t *rng) {
+    // A spurious ring now and then: harmless.
+    if (!ring && chi_test_rand(rng) % 8) return;
+    uint64_t one = 1;
+    if (write(bell_, &one, sizeof one) < 0 && errno != EAGAIN) fail_msg("peer %d: doorbell: %s", index_, strerror(errno));
+  }
+
+  // 1-4 tasks, one doorbell.
+  void submit(uint64_t *rng) {
+    Seg &s = live();
+    const int n = 1 + int(chi_test_rand(rng) % 3 == 0 ? chi_test_rand(rng) % 4 : 0);
+    bool ring = false;
+    for (int k = 0; k < n; ++k) {
+      const uint32_t i = free_slot(chi_test_rand(rng));
+      Slot &sl = s.slots[i];
+      sl.gen = (sl.gen + 1) & chi::ipc::kSlotGenMask;
+      sl.status = CHI_OK;
+      sl.want.clear();
+      std::string in;
+      uint32_t method = CHI_METHOD_ECHO, size = 0;
+      int32_t route = CHI_ROUTE_CPU;
+      switch (chi_test_rand(rng) % 8) {
+        case 0:
+        case 1:
+        case 2: {  // on a worker, long enough to be running or queued when the peer leaves
+          const uint64_t us = chi_test_rand(rng) % 3000;
+          in.assign(reinterpret_cast<const char *>(&us), sizeof us);
+          method = sleep_;
+          break;
+        }
+        case 3: {
+          const uint32_t max = s.v.layout.max_payload;
+          in.assign(chi_test_rand(rng) % 4 == 0 ? max : size_t(chi_test_rand(rng) % 200), char('a' + index_));
+          for (char &c : in) c = char(c + chi_test_rand(rng) % 3);
+          sl.want = in;
+          break;
+        }
+        case 4: {
+          const uint64_t ab[2] = {chi_test_rand(rng) % 100000, chi_test_rand(rng) % 100000};
+          in.assign(reinterpret_cast<const char *>(ab), sizeof ab);
+          method = CHI_METHOD_ADD;
+          const uint64_t sum = ab[0] + ab[1];
+          sl.want.assign(reinterpret_cast<const char *>(&sum), sizeof sum);
+          break;
+        }
+        case 5:
+          method = chi_test_rand(rng) % 2 ? 0 : 999999;
+          sl.status = CHI_ERR_NOT_FOUND;
+          break;
+        case 6:
+          route = -77;
+          sl.status = CHI_ERR_INVALID;
+          break;
+        default:  // an input over the slot: its size is all the server may read
+          size = s.v.layout.max_payload + 1 + uint32_t(chi_test_rand(rng) % 0x7FFFFFFF);
+          sl.status = CHI_ERR_TOO_LARGE;
+          break;
+      }
+      if (size) {
+        chi::ipc::SlotHeader *h = s.v.slot(i);
+        h->method = method;
+        h->route = route;
+        h->input_size = size;
+        h->state.store(chi::ipc::slot_word(sl.gen, chi::ipc::kSlotSubmitted), std::memory_order_relaxed);
+      } else {
+        chi::ipc::post_task(s.v, i, sl.gen, method, route, in.data(), uint32_t(in.size()));
+      }
+      // A client thread waiting on the word sets the sleeper bit: the result
+      // clears it.
+      if (chi_test_rand(rng) % 4 == 0) s.v.slot(i)->state.fetch_or(chi::ipc::kSlotSleeper);
+      sl.out = true;
+      ++s.out;
+      ++submits;
+      push(i, &ring);
+    }
+    doorbell(ring, rng);
+  }
+
+  // Waits for some of the live session's results.
+  void collect(uint64_t *rng) {
+    Seg &s = live();
+    const uint64_t pick = chi_test_rand(rng);
+    const uint32_t want = s.out ? uint32_t(pick % s.out) : 0;
+    const int64_t deadline = now_ns() + kGuardNs;
+    while (s.out > want) {
+      scan(s);
+      if (now_ns() > deadline) fail_msg("peer %d (session %u): results never came", index_, s.session);
+      usleep(100);
+    }
+  }
+
+  void control(uint64_t *rng) {
+    using chi::ipc::Op;
+    Op op = Op::kPing;
+    uint32_t flags = 0;
+    std::string payload;
+    int32_t want = CHI_OK;
+    size_t want_size = 0;  // reply bytes, when fixed
+    bool fixed = true;
+    uint32_t method = 0;
+    switch (chi_test_rand(rng) % 10) {
+      case 0:
+        op = Op::kStatus;
+        flags = chi_test_rand(rng) % 2 ? chi::ipc::kStatusJson : 0;
+        fixed = false;
+        break;
+      case 1:
+        op = Op::kPing;
+        break;
+      case 2:
+        op = Op::kLookup;
+        payload = "test.sleep";
+        want_size = sizeof(chi::ipc::MethodReply);
+        method = sleep_;
+        break;
+      case 3:
+        op = Op::kLookup;
+        payload = chi_test_rand(rng) % 2 ? std::string("no.such.method") : std::string("bad\0name", 8);
+        want = CHI_ERR_NOT_FOUND;
+        fixed = false;
+        break;
+      case 4:
+        op = Op::kMethodLimit;
+        want_size = sizeof(chi::ipc::MethodReply);
+        break;
+      case 5:
+        op = Op::kStats;
+        want_size = sizeof(chi_stats_t);
+        break;
+      case 6: {  // device memory this server cannot have: refused (a short export: PROTOCOL)
+        op = Op::kRegisterGpuMem;
+        chi::ipc::GpuMemExport x{};
+        x.version = chi::ipc::kGpuMemVersion;
+        x.size = chi_test_rand(rng) % 2 ? 0 : 4096;
+        payload.assign(reinterpret_cast<const char *>(&x), chi_test_rand(rng) % 3 ? sizeof x : sizeof x / 2);
+        want = 1;  // any failure
+        fixed = false;
+        break;
+      }
+      case 7: {
+        op = Op::kUnregisterMem;
+        const chi::ipc::RegionReply r{chi_test_rand(rng)};
+        payload.assign(reinterpret_cast<const char *>(&r), sizeof r);
+        want = 1;
+        fixed = false;
+        break;
+      }
+      default: {  // not a request: refused, and the session ends
+        const uint16_t unknown[] = {0, 1, 2, 11, 12, 999, 0xFFFF};
+        op = Op(unknown[chi_test_rand(rng) % 7]);
+        want = CHI_ERR_PROTOCOL;
+        fixed = false;
+        break;
+      }
+    }
+    send_bytes(msg(chi::ipc::Kind::kControl, uint16_t(op), flags, payload.data(), uint32_t(payload.size())), rng,
+               chi_test_rand(rng) % 4 == 0);
+    chi::ipc::MsgHeader h{};
+    std::string body;
+    if (recv_msg(&h, &body, nullptr) == Got::kEof) fail_msg("peer %d: EOF for control op %u", index_, unsigned(op));
+    if (h.kind != uint16_t(chi::ipc::Kind::kControlReply))
+      fail_msg("peer %d: op %u answered with kind %u", index_, unsigned(op), unsigned(h.kind));
+    ++requests;
+    if (want == 1 ? h.status == CHI_OK : h.status != want)
+      fail_msg("peer %d: op %u answered %d, want %s%d", index_, unsigned(op), h.status, want == 1 ? "a failure, not " : "",
+               want == 1 ? CHI_OK : want);
+    if (h.status == CHI_OK && fixed && body.size() != want_size)
+      fail_msg("peer %d: op %u answered %zu bytes, want %zu", index_, unsigned(op), body.size(), want_size);
+    if (h.status == CHI_OK && op == Op::kStatus && body.empty()) fail_msg("peer %d: an empty status", index_);
+    if (method) {
+      chi::ipc::MethodReply m{};
+      memcpy(&m, body.data(), sizeof m);
+      if (m.method != method) fail_msg("peer %d: lookup answered method %u, want %u", index_, m.method, method);
+    }
+    if (h.status == CHI_ERR_PROTOCOL) expect_eof("a refused request");
+  }
+
+  // A malformed message on a session: cut off, with a refusal first when the
+  // header is well formed.
+  void junk(uint64_t *rng) {
+    std::string m = msg(chi::ipc::Kind::kControl, uint16_t(chi::ipc::Op::kPing), 0, nullptr, 0);
+    bool reply = false;
+    switch (chi_test_rand(rng) % 5) {
+      case 0:
+        m[1] = char(m[1] ^ 0x33);
+        break;
+      case 1: {
+        const uint16_t k = chi_test_rand(rng) % 2 ? 0 : uint16_t(chi::ipc::kLastKind + 1 + chi_test_rand(rng) % 100);
+        memcpy(&m[offsetof(chi::ipc::MsgHeader, kind)], &k, sizeof k);
+        break;
+      }
+      case 2: {
+        const uint32_t len = chi::ipc::kMaxMsgPayload + 1 + uint32_t(chi_test_rand(rng) % 100000);
+        memcpy(&m[offsetof(chi::ipc::MsgHeader, length)], &len, sizeof len);
+        break;
+      }
+      case 3: {  // a kind of the ZeroMQ channel or the server's
+        const chi::ipc::Kind ks[] = {chi::ipc::Kind::kWelcome, chi::ipc::Kind::kSubmit, chi::ipc::Kind::kResult,
+                                     chi::ipc::Kind::kControlReply, chi::ipc::Kind::kBye, chi::ipc::Kind::kGone};
+        const uint16_t k = uint16_t(ks[chi_test_rand(rng) % 6]);
+        memcpy(&m[offsetof(chi::ipc::MsgHeader, kind)], &k, sizeof k);
+        reply = true;
+        break;
+      }
+      default:  // half a message, then the peer goes
+        m.resize(1 + chi_test_rand(rng) % (sizeof(chi::ipc::MsgHeader) - 1));
+        send_bytes(m, rng, false);
+        return drop(rng);
+    }
+    send_bytes(m, rng, chi_test_rand(rng) % 3 == 0, false, true);
+    if (reply) {
+      std::string body;
+      expect(chi::ipc::Kind::kControlReply, CHI_ERR_PROTOCOL, &body);
+    }
+    expect_eof("a malformed message");
+  }
+
+  // Records no honest client writes: each ends the session (the poller
+  // reaches them after the tasks queued before).
+  void violate(uint64_t *rng) {
+    Seg &s = live();
+    bool ring = false;
+    // As many draws whatever the results so far: a seed picks the same steps.
+    const unsigned what = unsigned(chi_test_rand(rng) % 3);
+    const uint64_t a = chi_test_rand(rng), b = chi_test_rand(rng);
+    if (what == 0 || (what == 2 && s.out == 0)) {
+      push(uint32_t(s.slots.size() + a % 100000), &ring);
+    } else if (what == 1) {
+      // A free slot queued in a state other than submitted.
+      const uint32_t i = free_slot(a);
+      const uint32_t states[] = {chi::ipc::kSlotFree, chi::ipc::kSlotDone, 0x55, 0x7F};
+      const uint32_t w = chi::ipc::slot_word(s.slots[i].gen, states[b % 4]);
+      s.v.slot(i)->state.store(w);
+      s.slots[i].idle = w;
+      push(i, &ring);
+    } else {
+      // A slot queued again before its result was seen.
+      uint32_t i = uint32_t(a % s.slots.size());
+      while (!s.slots[i].out) i = (i + 1) % uint32_t(s.slots.size());
+      push(i, &ring);
+    }
+    doorbell(true, rng);
+    expect_eof("a bad record");
+  }
+
+  // Closes the socket with whatever is queued or running (the server
+  // cancels what no worker started); the mapping stays for the checks, or
+  // goes too.
+  void drop(uint64_t *rng) {
+    if (state_ == kFresh && chi_test_rand(rng) % 2) {  // half a hello
+      chi::ipc::Hello h{chi::ipc::kProtocolVersion, chi_version(), chi::ipc::kSessionTasks, 0};
+      const std::string m = msg(chi::ipc::Kind::kHello, 0, 0, &h, sizeof h);
+      send_bytes(m.substr(0, 1 + chi_test_rand(rng) % (m.size() - 1)), rng, false);
+    }
+    if (state_ == kTasks && chi_test_rand(rng) % 4 == 0) {
+      unanswered += live().out;
+      munmap(live().v.base, live().v.layout.size);
+      segs_.pop_back();
+      state_ = kNone;
+    }
+    end_session();
+    close_socket();
+  }
+
+  void end_session() {
+    if (state_ == kTasks) live().live = false;
+    if (bell_ >= 0) close(bell_);
+    bell_ = -1;
+  }
+
+  void close_socket() {
+    end_session();
+    if (sock_ >= 0) close(sock_);
+    sock_ = -1;
+    state_ = kNone;
+  }
+
+  void scan(Seg &s) {
+    for (uint32_t i = 0; i < s.slots.size(); ++i) {
+      Slot &sl = s.slots[i];
+      chi::ipc::SlotHeader *h = s.v.slot(i);
+      const uint32_t w = h->state.load(std::memory_order_acquire);
+      if (!sl.out) {
+        if (w != sl.idle)
+          fail_msg("peer %d (session %u%s): slot %u's word became %#x (was %#x) with no task of it queued: a "
+                   "result it did not ask for, or one twice",
+                   index_, s.session, s.live ? "" : ", left", i, w, sl.idle);
+        continue;
+      }
+      const uint32_t submitted = chi::ipc::slot_word(sl.gen, chi::ipc::kSlotSubmitted);
+      if ((w & ~chi::ipc::kSlotSleeper) == submitted) continue;
+      if (w != chi::ipc::slot_word(sl.gen, chi::ipc::kSlotDone))
+        fail_msg("peer %d (session %u): slot %u (generation %u) has word %#x", index_, s.session, i, sl.gen, w);
+      if (h->status != sl.status)
+        fail_msg("peer %d (session %u): slot %u answered %d, want %d", index_, s.session, i, h->status, sl.status);
+      if (sl.status == CHI_OK &&
+          (h->output_size != sl.want.size() || memcmp(s.v.output(i), sl.want.data(), sl.want.size()) != 0))
+        fail_msg("peer %d (session %u): slot %u: wrong output (%u bytes, want %zu)", index_, s.session, i,
+                 h->output_size, sl.want.size());
+      // Consumed: a second result for it would show.
+      sl.idle = chi::ipc::slot_word(sl.gen, chi::ipc::kSlotFree);
+      h->state.store(sl.idle, std::memory_order_relaxed);
+      h->status = 0x5eed;
+      sl.out = false;
+      --s.out;
+      ++(s.live ? results : late);
+    }
+  }
+
+  std::string address_;
+  int index_;
+  chi_method_t sleep_;
+  std::set<uint32_t> *ids_;
+  State state_ = kNone;
+  int sock_ = -1, bell_ = -1;
+  std::vector<std::unique_ptr<Seg>> segs_;  // the live session's is last while state_ is kTasks
+};
+
+void test_shm_sequences(void **) {
+  if (g_transport != "shm") return skip();
+  const char *n_env = getenv("CHI_TEST_SEQUENCES");
+  const char *seed_env = getenv("CHI_TEST_SEED");
+  const long sequences = chi_test_scaled(n_env ? atol(n_env) : 20);
+  uint64_t rng = seed_env ? strtoull(seed_env, nullptr, 0) : 0x5eed;
+  if (!rng) rng = 1;
+  print_message("  %ld sequences, seed %#llx\n", sequences, (unsigned long long)rng);
+  // Short rings (their positions wrap), a small per-client limit (tasks
+  // park in the ring), and a hello timeout no step reaches.  With
+  // $CHI_TEST_WORKERS=1 the built-ins run on workers too (cancellable while
+  // queued) instead of on the pollers.
+  std::string yaml = "server:\n  client_max_in_flight: 3\n  client_slots: 8\n  hello_timeout_ms: 600000\n";
+  const char *workers = getenv("CHI_TEST_WORKERS");
+  if (workers && atoi(workers)) yaml += "  inline_builtins: false\n";
+  ServerFixture f = start_server(yaml.c_str());
+  chi_runtime_t *honest = connect_client(f.address);
+  std::atomic<bool> done{false};
+  std::atomic<long> bad{0}, served{0};
+  std::thread beside([&] {
+    for (uint64_t i = 0; !done.load(); ++i) {
+      uint64_t in[2] = {i, 7}, out = 0;
+      chi_future_t fu;
+      if (chi_submit(honest, CHI_ROUTE_CPU, CHI_METHOD_ADD, in, sizeof in, &fu) != CHI_OK ||
+          chi_wait(honest, fu, -1, &out, sizeof out, nullptr) != CHI_OK || out != i + 7)
+        ++bad;
+      ++served;
+      usleep(500);
+    }
+  });
+  std::set<uint32_t> ids;
+  int fds = count_fds();
+  uint64_t cancelled = stats_of(f.rt).tasks_cancelled;
+  for (long n = 0; n < sequences; ++n) {
+    const long unanswered = ShmPeer::unanswered;
+    std::vector<std::unique_ptr<ShmPeer>> peers;
+    const int npeers = 2 + int(chi_test_rand(&rng) % 3);
+    for (int k = 0; k < npeers; ++k) peers.push_back(std::make_unique<ShmPeer>(f.address, k, f.sleep_method, &ids));
+    const int steps = 16 + int(chi_test_rand(&rng) % 24);
+    for (int step = 0; step < steps; ++step) {
+      peers[chi_test_rand(&rng) % peers.size()]->step(&rng);
+      for (auto &p : peers) p->scan();
+    }
+    for (auto &p : peers) p->finish();
+    if (!settle(f.rt, 1)) {
+      const chi_stats_t st = stats_of(f.rt);
+      fail_msg("sequence %ld: clients %u, client tasks in flight %llu, CPU slots in use %llu", n, st.clients,
+               (unsigned long long)st.routes[CHI_STATS_CLIENT].in_flight, (unsigned long long)st.slots_in_use);
+    }
+    // A session's own count drops just after the route's (Session::finish,
+    // cancel_queued): a session may be listed as leaving a moment longer.
+    std::string gone = leaving(f.address);
+    for (int i = 0; i < 6000 && !gone.empty(); ++i) {
+      usleep(10000);
+      gone = leaving(f.address);
+    }
+    if (!gone.empty()) fail_msg("sequence %ld: leaving: [%s]", n, gone.c_str());
+    // Every session freed (its socket, segment and doorbell closed), every
+    // stray descriptor closed: then nothing writes the segments any more.
+    int now = count_fds();
+    for (int i = 0; i < 6000 && now > fds; ++i) {
+      usleep(10000);
+      now = count_fds();
+    }
+    if (now > fds) fail_msg("sequence %ld: %d descriptors open, %d before", n, now, fds);
+    fds = now;  // the first count may have caught one the server was about to close
+    for (auto &p : peers) p->final_check();
+    // A task cancelled because its peer left is one that peer never saw answered.
+    const uint64_t was = cancelled;
+    cancelled = stats_of(f.rt).tasks_cancelled;
+    if (cancelled - was > uint64_t(ShmPeer::unanswered - unanswered))
+      fail_msg("sequence %ld: %llu task(s) cancelled, %ld never answered", n, (unsigned long long)(cancelled - was),
+               ShmPeer::unanswered - unanswered);
+    char reply[8192];
+    assert_status(CHI_OK, chi_server_query(f.address.c_str(), "status", reply, sizeof reply, nullptr));
+    const long before = served.load();
+    while (served.load() < before + 2) usleep(1000);  // the honest client is served
+  }
+  done.store(true);
+  beside.join();
+  const chi_stats_t st = stats_of(f.rt);
+  print_message("  %ld task sessions, %ld control sessions, %ld refused hellos, %ld cut off, %ld requests, %ld submits, "
+                "%ld results (%ld after their session left, %ld never answered), %llu cancelled, %ld in-flight counts read before they dropped; honest: %ld\n",
+                ShmPeer::welcomes, ShmPeer::controls, ShmPeer::refusals, ShmPeer::cut_off, ShmPeer::requests,
+                ShmPeer::submits, ShmPeer::results, ShmPeer::late, ShmPeer::unanswered,
+                (unsigned long long)st.tasks_cancelled, ShmPeer::lagged, served.load());
+  assert_int_equal(bad.load(), 0);
+  assert_status(CHI_OK, chi_finalize(honest));
+  assert_true(settle(f.rt, 0));
+  assert_status(CHI_OK, chi_finalize(f.rt));
+}
+
 std::string write_file(const std::string &name, const std::string &text, mode_t mode) {
   std::string path = g_dir + "/" + name;
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, mode);
@@ -2121,6 +2890,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_wait_loses_to_consumer),
       cmocka_unit_test(test_gone_client_kept_until_its_tasks_end),
       cmocka_unit_test(test_protocol_sequences),
+      cmocka_unit_test(test_shm_sequences),
       cmocka_unit_test(test_curve),
       cmocka_unit_test(test_poller_balance),
       cmocka_unit_test(test_many_clients),

@@ -168,14 +168,17 @@ void PollerPool::main(Poller *p) {
   int64_t idle_since = 0;
   epoll_event events[64];
   while (!quit_.load(std::memory_order_acquire)) {
+    // The control thread frees a removed session only after this moves on
+    // twice (remove() says why): a turn that takes a change is followed by
+    // another before any sleep, or the session (its socket, segment and
+    // doorbell) would stay until the idle timeout ended the sleep.
+    bool work = false;
     if (p->changed.exchange(false, std::memory_order_seq_cst)) {
       std::lock_guard<std::mutex> lock(p->mu);
       snap = p->sessions;
+      work = true;
     }
-    // The control thread frees a removed session only after this moves on
-    // twice (remove() says why).
     p->epoch.fetch_add(1, std::memory_order_seq_cst);
-    bool work = false;
     // Round-robin with a batch bound per session: a client that keeps its
     // ring full gets kBatch tasks per turn like everyone else.
     const size_t count = snap.size();
