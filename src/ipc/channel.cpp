@@ -206,39 +206,54 @@ bool send_msg(int sock, Kind kind, Op op, uint32_t flags, int32_t status, const 
 
 namespace {
 
+// One recvmsg without blocking: up to len bytes into buf; passed
+// descriptors go into fds[0], fds[1] while those are -1 (fds may be NULL),
+// the rest are closed.  Returns what recvmsg returned.
+ssize_t recv_some(int sock, void *buf, size_t len, int *fds) {
+  iovec iov{buf, len};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * 4)];
+  m.msg_control = ctrl;
+  m.msg_controllen = sizeof ctrl;
+  const ssize_t n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+  if (n <= 0) return n;
+  for (cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t nfds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < nfds; ++i) {
+      int f;
+      std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+      // Keep descriptors where they are wanted; close anything else.
+      if (fds && fds[0] < 0) fds[0] = f;
+      else if (fds && fds[1] < 0) fds[1] = f;
+      else close(f);
+    }
+  }
+  return n;
+}
+
 // Reads exactly len bytes (collecting up to 2 passed descriptors) within the deadline.
 chi_status_t read_full(int sock, void *buf, size_t len, int timeout_ms, int *fds) {
   size_t got = 0;
   while (got < len) {
     if (!wait_fd(sock, POLLIN, timeout_ms)) return CHI_ERR_TIMEOUT;
-    iovec iov{static_cast<char *>(buf) + got, len - got};
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * 4)];
-    m.msg_control = ctrl;
-    m.msg_controllen = sizeof ctrl;
-    ssize_t n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    const ssize_t n = recv_some(sock, static_cast<char *>(buf) + got, len - got, fds);
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       return CHI_ERR_DISCONNECTED;
     }
     if (n == 0) return CHI_ERR_DISCONNECTED;
-    for (cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      size_t nfds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < nfds; ++i) {
-        int f;
-        std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
-        // Keep descriptors where they are wanted; close anything else.
-        if (fds && fds[0] < 0) fds[0] = f;
-        else if (fds && fds[1] < 0) fds[1] = f;
-        else close(f);
-      }
-    }
     got += size_t(n);
   }
   return CHI_OK;
+}
+
+// A header read off the socket, before its payload is read or trusted.
+bool header_ok(const MsgHeader &h, uint32_t capacity) {
+  return h.magic == kMsgMagic && h.kind >= kFirstKind && h.kind <= kLastKind && h.length <= kMaxMsgPayload &&
+         h.length <= capacity;
 }
 
 }  // namespace
@@ -247,9 +262,7 @@ chi_status_t recv_msg(int sock, MsgHeader *hdr, void *payload, uint32_t capacity
                       int *fds) {
   if (fds) fds[0] = fds[1] = -1;
   if (chi_status_t s = read_full(sock, hdr, sizeof *hdr, timeout_ms, fds); s != CHI_OK) return s;
-  if (hdr->magic != kMsgMagic || hdr->kind < kFirstKind || hdr->kind > kLastKind ||
-      hdr->length > kMaxMsgPayload || hdr->length > capacity)
-    return CHI_ERR_PROTOCOL;
+  if (!header_ok(*hdr, capacity)) return CHI_ERR_PROTOCOL;
   if (hdr->length)
     if (chi_status_t s = read_full(sock, payload, hdr->length, timeout_ms, fds); s != CHI_OK)
       return s == CHI_ERR_TIMEOUT ? CHI_ERR_PROTOCOL : s;  // a torn message
@@ -261,35 +274,16 @@ chi_status_t recv_msg_nowait(int sock, std::string *buf, MsgHeader *hdr, uint32_
     size_t need = sizeof *hdr;
     if (buf->size() >= sizeof *hdr) {
       std::memcpy(hdr, buf->data(), sizeof *hdr);
-      if (hdr->magic != kMsgMagic || hdr->kind < kFirstKind || hdr->kind > kLastKind ||
-          hdr->length > kMaxMsgPayload || hdr->length > capacity)
-        return CHI_ERR_PROTOCOL;
+      if (!header_ok(*hdr, capacity)) return CHI_ERR_PROTOCOL;
       need += hdr->length;
     }
     if (buf->size() >= sizeof *hdr && buf->size() == need) return CHI_OK;
     const size_t have = buf->size();
     buf->resize(need);
-    iovec iov{buf->data() + have, need - have};
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * 4)];
-    m.msg_control = ctrl;
-    m.msg_controllen = sizeof ctrl;
-    const ssize_t n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    int none[2] = {0, 0};  // no descriptor is wanted here: all are closed
+    const ssize_t n = recv_some(sock, buf->data() + have, need - have, none);
     buf->resize(have + (n > 0 ? size_t(n) : 0));
-    if (n > 0) {
-      for (cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-        const size_t nfds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < nfds; ++i) {
-          int f;
-          std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
-          close(f);
-        }
-      }
-      continue;
-    }
+    if (n > 0) continue;
     if (n == 0) return CHI_ERR_DISCONNECTED;
     if (errno == EINTR) continue;
     return errno == EAGAIN || errno == EWOULDBLOCK ? CHI_ERR_AGAIN : CHI_ERR_DISCONNECTED;

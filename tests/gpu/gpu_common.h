@@ -168,6 +168,17 @@ static inline std::string gt_diag_line(const volatile uint64_t *d, uint64_t now)
   return buf;
 }
 
+/* A CPU handler for GPU->CPU tests: the input's first 8 bytes (a uint64) + 1. */
+static inline chi_status_t gt_inc_handler(chi_request_t *req, void *) {
+  if (req->input_size < 8 || req->output_capacity < 8) return CHI_ERR_INVALID;
+  uint64_t x;
+  memcpy(&x, req->input, 8);
+  ++x;
+  memcpy(req->output, &x, 8);
+  req->output_size = 8;
+  return CHI_OK;
+}
+
 /* A watchdog for GPU test programs: if the program is still in one phase
  * after `seconds`, it prints the phase and the orchestrator's state (the
  * diag words: the kernel's last decisions, the lease thread's phase) and

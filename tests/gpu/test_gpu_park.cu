@@ -54,16 +54,6 @@ __device__ chi_status_t park_dispatch(uint32_t index, chi_dev_request_t *r) {
 static const char *const kNames[] = {"park.via_cpu"};
 CHI_DEFINE_ORCHESTRATOR(park_orchestrator, park_dispatch, kNames, 1)
 
-/* park.inc (CPU): x + 1. */
-static chi_status_t h_inc(chi_request_t *req, void *) {
-  if (req->input_size != 8 || req->output_capacity < 8) return CHI_ERR_INVALID;
-  uint64_t x;
-  memcpy(&x, req->input, 8);
-  ++x;
-  memcpy(req->output, &x, 8);
-  req->output_size = 8;
-  return CHI_OK;
-}
 
 static chi_runtime_t *g_rt;
 static chi_method_t g_inc, g_via_cpu;
@@ -268,7 +258,7 @@ int main(void) {
     return 77;
   }
   chi_gpu_orchestrator_t o = park_orchestrator();
-  if (chi_register_handler(g_rt, "park.inc", h_inc, NULL, &g_inc) != CHI_OK ||
+  if (chi_register_handler(g_rt, "park.inc", gt_inc_handler, NULL, &g_inc) != CHI_OK ||
       chi_gpu_set_orchestrator(g_rt, -1, &o) != CHI_OK || chi_method_lookup(g_rt, "park.via_cpu", &g_via_cpu) != CHI_OK) {
     fprintf(stderr, "setup: %s\n", chi_last_error_message());
     chi_finalize(g_rt);

@@ -145,15 +145,6 @@ __device__ chi_status_t peer_dispatch(uint32_t index, chi_dev_request_t *r) {
 static const char *const kNames[] = {"peer.relay"};
 CHI_DEFINE_ORCHESTRATOR(peer_orchestrator, peer_dispatch, kNames, 1)
 
-static chi_status_t h_inc(chi_request_t *req, void *) {
-  if (req->input_size < 8 || req->output_capacity < 8) return CHI_ERR_INVALID;
-  uint64_t x;
-  memcpy(&x, req->input, 8);
-  ++x;
-  memcpy(req->output, &x, 8);
-  req->output_size = 8;
-  return CHI_OK;
-}
 
 static chi_runtime_t *g_rt;
 static chi_dev_context_t g_ctx[2];
@@ -262,7 +253,7 @@ int main(void) {
     return 77;
   }
   chi_gpu_orchestrator_t o = peer_orchestrator();
-  if (chi_register_handler(g_rt, "peer.inc", h_inc, NULL, &g_inc) != CHI_OK ||
+  if (chi_register_handler(g_rt, "peer.inc", gt_inc_handler, NULL, &g_inc) != CHI_OK ||
       chi_gpu_set_orchestrator(g_rt, 1, &o) != CHI_OK || chi_method_lookup(g_rt, "peer.relay", &g_relay) != CHI_OK ||
       chi_gpu_context(g_rt, 0, &g_ctx[0]) != CHI_OK || chi_gpu_context(g_rt, 1, &g_ctx[1]) != CHI_OK) {
     fprintf(stderr, "setup: %s\n", chi_last_error_message());
