@@ -21,4 +21,11 @@ for a in "$shm" "$ipc" "$tcp"; do
   done
 done
 [ $rc -eq 0 ] || cat "$dir/log"
+# An address with a control character is refused before anything starts.
+bad=$(printf 'shm://a\tb')
+"$server" --listen "$shm-2" --listen "$bad" >"$dir/bad.out" 2>&1
+st=$?
+if [ $st -ne 2 ] || ! grep -q "control character" "$dir/bad.out"; then
+  echo "a --listen address with a tab: exit $st, want 2 with a message:"; cat "$dir/bad.out"; rc=1
+fi
 exit $rc
