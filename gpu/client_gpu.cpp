@@ -21,6 +21,7 @@
 #include "base/log.h"
 #include "client/client.h"
 #include "core/executor.h"
+#include "core/mps.h"
 #include "core/registry.h"
 #include "core/runtime.h"
 #include "gpu/cpu_poller.h"
@@ -34,6 +35,10 @@ namespace {
 
 // How often the sweep thread looks for released slots whose reply came.
 constexpr long kSweepEveryNs = 2000000;
+// A client kernel's GPU->GPU submit at a closed gate gives up after twice
+// this many of its orchestrator's leases with the lease thread unseen (a
+// runtime's kernels: 2 leases).
+constexpr uint32_t kClientGateLeases = 10;
 // A completion thread with tasks out naps at most this long between scans.
 constexpr int64_t kNapMaxNs = 50000;
 
@@ -48,6 +53,10 @@ class RelayGpu final : public ClientGpu, public D2hRelay {
       : client_(client), local_(local), id_(gpu), ngpus_(ngpus) {}
 
   ~RelayGpu() override {
+    // The client's orchestrator first: its kernel ends, and with it the
+    // GPU->GPU tasks of the context (kernels that use it have ended).
+    if (orch_) (void)orch_->shutdown();
+    orch_.reset();
     if (poller_) poller_->stop();
     quit_.store(true);
     {
@@ -113,12 +122,40 @@ class RelayGpu final : public ClientGpu, public D2hRelay {
     cudaError_t e = cudaMemsetAsync(dev_, 0, dc.size, stream_);
     if (e == cudaSuccess) e = cudaStreamSynchronize(stream_);
     if (e != cudaSuccess) return cuda_error(CHI_ERR_INTERNAL, id_, "initializing device memory", e);
+    mps_ = mps::control_answers(mps::pipe_directory());  // this process's contexts are MPS clients
+    if (local_.config().gpu.client_orchestrator) start_orchestrator();
     run(c, pdev);
     sweep_thread_ = std::thread([this] { sweep_loop(); });
     log(LogLevel::kInfo,
         "GPU %d: client kernels' relay: %u device slots, %u pollers; %.1f MiB pinned, %.1f MiB device", id_,
         shape_.dslots, shape_.cpu_pollers, hc.size / 1048576.0, dc.size / 1048576.0);
     return CHI_OK;
+  }
+
+  // The client's own orchestrator on this GPU (gpu.client_orchestrator): a
+  // runtime's GpuDevice on the client's local runtime, so that the context's
+  // GPU->GPU built-ins run in this process's CUDA context beside its kernels
+  // instead of crossing to the server's (time-sliced without MPS).  Held
+  // awake: kernels may submit to it at any time.  If it cannot start, every
+  // route goes through the relay as before, with a warning.
+  void start_orchestrator() {
+    auto d = std::make_unique<GpuDevice>(local_, id_, id_, ngpus_);
+    if (chi_status_t s = d->start(); s != CHI_OK) {
+      log(LogLevel::kWarn,
+          "GPU %d: the client's own orchestrator did not start (%s): client kernels' GPU->GPU tasks "
+          "cross to the server",
+          id_, last_error());
+      return;
+    }
+    const chi_dev_ctx_layout_t &o = d->layout();
+    if (o.slots != shape_.dslots || o.max_payload != shape_.max_payload ||
+        o.payload_stride != shape_.payload_stride) {
+      log(LogLevel::kWarn, "GPU %d: the client's orchestrator has another shape than its relay; not used", id_);
+      (void)d->shutdown();
+      return;
+    }
+    d->hold_awake();
+    orch_ = std::move(d);
   }
 
   // CHI_RELAY_HOST_MEMORY=1 (tests only): the same relay over plain host
@@ -146,6 +183,32 @@ class RelayGpu final : public ClientGpu, public D2hRelay {
     fill_d2h_layout(shape_, c, pinned_dev, dev_, id_, ngpus_, &layout_);
     layout_.flags = CHI_DEV_CTX_RELAY;
     layout_.lease_us = 0;  // no orchestrator here: nothing steps aside
+    if (orch_) {
+      // GPU->GPU built-ins to the client's orchestrator (CHI_DEV_CTX_CLIENT_ORCH):
+      // its slots, gate, lease and diagnostics; its wait line too, whose
+      // GPU->CPU half ([16..17]) the relay's ring then shares with the
+      // orchestrator's own GPU->CPU slots (a line of waiting submitters
+      // only: an order, never a slot).
+      const chi_dev_ctx_layout_t &o = orch_->layout();
+      layout_.d2d_slots = o.d2d_slots;
+      layout_.d2d_state = o.d2d_state;
+      layout_.d2d_bitmap = o.d2d_bitmap;
+      layout_.d2d_bell = o.d2d_bell;
+      layout_.d2d_seen = o.d2d_seen;
+      layout_.gate = o.gate;
+      layout_.wait_line = o.wait_line;
+      layout_.diag = o.diag;
+      // Device code reads lease_us only for how long a submit waits at a
+      // closed gate with the lease thread unseen (gate_wait: two leases).  A
+      // client's orchestrator shares the GPU and the CPUs with other
+      // processes (the server's orchestrator, other clients': time slices
+      // of about 2 ms each without MPS), so its kernels wait longer before
+      // CHI_ERR_AGAIN: kClientGateLeases leases.
+      layout_.lease_us = o.lease_us * kClientGateLeases;
+      layout_.d2d_workers = o.d2d_workers;
+      layout_.d2d_first_worker = o.d2d_first_worker;
+      layout_.flags |= CHI_DEV_CTX_CLIENT_ORCH;
+    }
     const bool bufs = shape_.max_payload > CHI_DEV_LL_INLINE;
     poller_ = std::make_unique<CpuPoller>(local_, id_, shape_, reinterpret_cast<uint64_t *>(pinned_ + c.ring),
                                           reinterpret_cast<uint64_t *>(pinned_ + c.reply),
@@ -178,6 +241,7 @@ class RelayGpu final : public ClientGpu, public D2hRelay {
     }
     // LOCAL from a kernel is its own GPU's orchestrator: the server's GPU id.
     const chi_route_t to = route == CHI_ROUTE_LOCAL ? id_ : route;
+    if (to != CHI_ROUTE_CPU) note_crossing(method);
     chi_future_t f = 0;
     if (chi_status_t s = client_.submit(to, method, input, size, &f); s != CHI_OK) {
       *status = s;
@@ -195,6 +259,21 @@ class RelayGpu final : public ClientGpu, public D2hRelay {
   }
 
  private:
+  // A task for the server's orchestrator: without MPS the GPU time-slices
+  // this process's context against the server's while this process's
+  // kernels run, so say once per process what that costs and what avoids it.
+  void note_crossing(chi_method_t method) {
+    static std::atomic<bool> said{false};
+    if (mps_ || said.exchange(true)) return;
+    log(LogLevel::kWarn,
+        "GPU %d: a client kernel's task (method %u) runs on the server's orchestrator, in another CUDA "
+        "context: without MPS the GPU time-slices the two while this process's kernels run (about 4.5 ms a "
+        "round trip on an H200). Built-ins run on this process's own orchestrator (gpu.client_orchestrator%s); "
+        "for the server's module GPU methods, run MPS (server.mps: true in the server's configuration, or "
+        "scripts/mps.sh) before this process initializes CUDA",
+        id_, unsigned(method), orch_ ? "" : ": off or not started");
+  }
+
   struct Pending {
     uint32_t slot, gen;          // the client's future
     uint32_t dev_slot, dev_gen;  // the device task it answers
@@ -316,6 +395,8 @@ class RelayGpu final : public ClientGpu, public D2hRelay {
   bool host_only_ = false;             // start_host_only: malloc'd, no CUDA
   chi_dev_ctx_layout_t layout_{};
   std::unique_ptr<CpuPoller> poller_;
+  std::unique_ptr<GpuDevice> orch_;  // the client's own orchestrator, or none
+  bool mps_ = false;                  // an MPS daemon answered when the relay started
   std::atomic<bool> quit_{false};
   std::mutex mu_;
   std::condition_variable cv_;

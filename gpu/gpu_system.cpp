@@ -1,8 +1,6 @@
 // The CUDA (or HIP) GpuSystem: one GpuDevice per usable GPU, plus what spans
 // GPUs: user orchestrators' method names and the region table.
 #include <stdlib.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -14,6 +12,7 @@
 
 #include "base/error.h"
 #include "core/gpu_system.h"
+#include "core/mps.h"
 #include "base/log.h"
 #include "core/registry.h"
 #include "core/runtime.h"
@@ -251,29 +250,6 @@ const char *unusable(int ordinal, std::string *detail) {
   return nullptr;
 }
 
-// Whether this user's MPS control daemon answers on its pipe directory
-// ($CUDA_MPS_PIPE_DIRECTORY, else /tmp/nvidia-mps): a CUDA context created
-// while it runs is an MPS client.  A connect to its control socket, nothing
-// sent (a stale socket file of a dead daemon refuses the connect).
-bool mps_control_answers(std::string *dir) {
-  const char *env = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
-  *dir = env && *env ? env : "/tmp/nvidia-mps";
-  const std::string path = *dir + "/control";
-  sockaddr_un a{};
-  if (path.size() >= sizeof a.sun_path) return false;
-  a.sun_family = AF_UNIX;
-  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
-  // The daemon's socket type is its own business: try each.
-  for (int type : {SOCK_STREAM, SOCK_SEQPACKET, SOCK_DGRAM}) {
-    const int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    const bool ok = connect(fd, reinterpret_cast<const sockaddr *>(&a), sizeof a) == 0;
-    close(fd);
-    if (ok) return true;
-  }
-  return false;
-}
-
 // Warns when kernels still load lazily (CUDA was initialized before chi_init
 // without CUDA_MODULE_LOADING=EAGER) and the orchestrator has no lease
 // (gpu.lease_us: 0): see docs/gpu.md.
@@ -339,8 +315,8 @@ chi_status_t create_gpu_system(Runtime &rt, const Config &cfg, std::unique_ptr<G
   if (use.empty()) return CHI_OK;
   if (cfg.gpu.lease_us == 0) gpu::warn_if_lazy_loading();
   auto sys = std::make_unique<gpu::DeviceGpuSystem>(rt);
-  std::string mps_dir;
-  const bool mps = gpu::mps_control_answers(&mps_dir);
+  const std::string mps_dir = mps::pipe_directory();
+  const bool mps = mps::control_answers(mps_dir);
   sys->set_mps(mps, mps_dir);
   log(LogLevel::kInfo, "MPS %s (control pipe directory %s)", mps ? "active" : "not active",
       mps_dir.c_str());

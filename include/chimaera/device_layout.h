@@ -76,10 +76,21 @@
 
 /* chi_dev_ctx_layout_t.flags */
 #define CHI_DEV_CTX_ORCHESTRATOR 1u /* the orchestrator's own copy: submits never wait for a slot */
-/* A client process's context (docs/server.md, "Client kernels"): there is no
- * orchestrator in the process, so every route goes through the GPU->CPU ring
- * and the client's relay forwards it; d2d_* and gate are NULL. */
+/* A client process's context (docs/server.md, "Client kernels"): routes go
+ * through the GPU->CPU ring and the client's relay forwards them; without
+ * CHI_DEV_CTX_CLIENT_ORCH every route does, and d2d_* and gate are NULL. */
 #define CHI_DEV_CTX_RELAY 2u
+/* With CHI_DEV_CTX_RELAY, since ABI 10 (a flag older device code ignores:
+ * it relays everything): the client runs an orchestrator of its own on this
+ * GPU (gpu.client_orchestrator), and d2d_*, gate, wait_line[0..1] and diag
+ * are its.  A GPU->GPU task for this GPU (CHI_ROUTE_LOCAL, CHI_ROUTE_GPU_ANY
+ * or the context's GPU) whose method that orchestrator serves (a built-in,
+ * CHI_DEV_CLIENT_ORCH_METHODS) goes to it directly, in the client's own CUDA
+ * context; any other task still goes through the ring. */
+#define CHI_DEV_CTX_CLIENT_ORCH 4u
+/* Methods a client's own orchestrator serves: the built-ins, ids 1..3
+ * (chimaera.h), which every runtime registers with the same ids. */
+#define CHI_DEV_CLIENT_ORCH_METHODS 3u
 
 /* GPU->CPU ring entry, header word 2: the slot in the low 24 bits; in a
  * relay context the route, plus CHI_DEV_ROUTE_BIAS, in the high 8 (0 in a

@@ -587,10 +587,14 @@ CHI_DEVICE chi_status_t check_submit(const chi_dev_context_t *ctx, chi_route_t r
   const chi_dev_layout *l = layout(ctx);
   if (l->magic != CHI_DEV_CTX_MAGIC || method == 0 || (!input && input_size)) return CHI_ERR_INVALID;
   if (input_size > l->max_payload) return CHI_ERR_TOO_LARGE;
-  if (l->flags & CHI_DEV_CTX_RELAY) { /* a client's context: every route through the ring */
+  if (l->flags & CHI_DEV_CTX_RELAY) { /* a client's context: through the ring, but for ... */
     if (route < CHI_ROUTE_LOCAL) return CHI_ERR_INVALID;
     if (route >= 0 && route >= l->ngpus) return CHI_ERR_NO_DEVICE;
     *kind = kKindCpu;
+    /* ... a built-in on this GPU, which the client's own orchestrator serves */
+    if ((l->flags & CHI_DEV_CTX_CLIENT_ORCH) && method <= CHI_DEV_CLIENT_ORCH_METHODS &&
+        (route == CHI_ROUTE_LOCAL || route == CHI_ROUTE_GPU_ANY || route == l->gpu))
+      *kind = kKindLocal;
     return CHI_OK;
   }
   if (route == CHI_ROUTE_LOCAL || route == CHI_ROUTE_GPU_ANY || route == l->gpu) *kind = kKindLocal;

@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "core/mps.h"
 #include "core/runtime.h"
 #include "client/client_gpu.h"
 #include "client/shm_client.h"
@@ -174,8 +175,13 @@ chi_status_t Client::stats(chi_stats_t *out) {
 
 chi_status_t Client::accept_welcome(int32_t status, const void *payload, size_t size, uint32_t kind,
                                     ipc::Welcome *w) {
-  if (chi_status_t s = ipc::check_welcome(status, payload, size, kind, address_, w); s != CHI_OK) return s;
+  std::string mps_dir;
+  if (chi_status_t s = ipc::check_welcome(status, payload, size, kind, address_, w, &mps_dir); s != CHI_OK)
+    return s;
   if (kind == ipc::kSessionControl) return CHI_OK;
+  // The server's GPUs are clients of an MPS daemon: so are this process's
+  // contexts, if CUDA is not initialized yet (else a warning with the fix).
+  if (!mps_dir.empty() && cfg_.gpu.devices != 0) mps::adopt(mps_dir);
   if (chi_status_t s = apply_gpu_setting(w->gpus); s != CHI_OK) return s;
   note_method_limit(w->method_limit);
   log(LogLevel::kInfo, "connected to %s as session %u (%u slots, %u-byte payloads, %d GPU(s))", address_.c_str(),

@@ -24,6 +24,7 @@ struct GpuConfig {
   uint32_t poller_watch_interval_us = 100;  // longest nap of the watching poller while parked, 1..1000000
   uint32_t poller_bell_check_us = 10000;   // parked watcher sleeps on the GPU's bell at most this long; 0: no bell
   uint32_t poller_steal_us = 50;   // an idle poller takes a held-up poller's next task after this; 0: never, 0..10000000
+  bool client_orchestrator = true;   // a client runs its own orchestrator for its kernels' GPU->GPU built-ins
   bool peer_routes = false;          // device code may submit to another GPU over peer memory (experimental)
   uint32_t keep_alive_us = 20000;   // an idle GPU parks (no kernel) after this; 0: never, 0..10000000
   uint32_t idle_lease_us = 0;              // lease while the GPU routes are idle (pollers on the bell); 0: lease_us
@@ -39,6 +40,7 @@ struct ServerConfig {
   uint32_t client_max_in_flight = 0; // server task slots one client may hold; 0: queue_depth / 4, at most 1024
   int64_t spin_ns = 50000;           // an idle poller spins this long, then sleeps, 0..1e10
   int64_t yield_ns = 0;              // ... then polls with sched_yield this long, 0..1e10
+  bool mps = false;                  // start (or reuse) this user's MPS daemon before the first CUDA context
   bool inline_builtins = true;       // built-in methods (CPU route) run on the poller that took them
   uint32_t shutdown_timeout_ms = 5000;  // stop: how long running client tasks may finish, 0..3600000
   uint32_t hello_timeout_ms = 1000;     // a new connection's hello must come within this, 1..3600000

@@ -11,6 +11,8 @@
 #include "base/error.h"
 #include "base/futex.h"
 #include "base/log.h"
+#include "chimaera/config.h"
+#include "core/mps.h"
 
 namespace chi {
 
@@ -57,6 +59,15 @@ chi_status_t Runtime::start() {
   register_builtins(registry_);
   cpu_ = std::make_unique<CpuExecutor>(cfg_, registry_, stats_[CHI_STATS_CPU]);
   if (chi_status_t s = cpu_->start(); s != CHI_OK) return s;
+#if CHI_HAVE_CUDA
+  // server.mps: this user's MPS daemon before the first CUDA context, so
+  // that the GPUs' contexts are its clients (docs/server.md).
+  if (cfg_.server.mps && cfg_.gpu.devices != 0) {
+    auto d = std::make_unique<mps::Daemon>();
+    if (chi_status_t s = d->join(); s != CHI_OK) return s;
+    mps_ = std::move(d);
+  }
+#endif
   if (chi_status_t s = create_gpu_system(*this, cfg_, &gpu_); s != CHI_OK) return s;
   log(LogLevel::kInfo, "runtime up: %u workers, %u slots, %u-byte payloads, %d GPU(s)",
       cfg_.workers, cfg_.queue_depth, cfg_.max_inline_payload, gpu_ ? gpu_->count() : 0);
@@ -70,6 +81,7 @@ chi_status_t Runtime::shutdown() {
   // CPU workers last: GPU pollers may still have run CPU handlers until now.
   if (cpu_) cpu_->shutdown();
   gpu_.reset();
+  mps_.reset();  // leaves the daemon (stopped by the last chimaera process out, if one started it)
   for (void *m : modules_) dlclose(m);
   modules_.clear();
   return status;

@@ -16,6 +16,10 @@
 
 namespace chi {
 
+namespace mps {
+class Daemon;
+}
+
 class Runtime {
  public:
   explicit Runtime(Config cfg);
@@ -32,6 +36,8 @@ class Runtime {
   Registry &registry() { return registry_; }
   MemoryRegions &regions() { return regions_; }
   GpuSystem *gpu() { return gpu_.get(); }
+  // The MPS daemon this runtime joined for server.mps, or nullptr.
+  const mps::Daemon *mps() const { return mps_.get(); }
   CpuExecutor &cpu() { return *cpu_; }
   uint32_t tag() const { return tag_; }
   bool stopping() const { return stopping_.load(std::memory_order_acquire); }
@@ -50,6 +56,7 @@ class Runtime {
   MemoryRegions regions_;
   std::unique_ptr<CpuExecutor> cpu_;
   std::unique_ptr<GpuSystem> gpu_;
+  std::unique_ptr<mps::Daemon> mps_;
   uint32_t tag_;
   std::atomic<bool> stopping_{false};
   std::atomic<uint32_t> next_gpu_{0};

@@ -44,7 +44,8 @@ std::string refusal_body(const std::string &why) {
 }
 
 chi_status_t check_welcome(int32_t status, const void *payload, size_t size, uint32_t kind,
-                           const std::string &address, Welcome *w) {
+                           const std::string &address, Welcome *w, std::string *mps_dir) {
+  if (mps_dir) mps_dir->clear();
   if (size < sizeof *w)
     return set_error(CHI_ERR_PROTOCOL, "%s answered the handshake with something else", address.c_str());
   std::memcpy(w, payload, sizeof *w);
@@ -62,6 +63,14 @@ chi_status_t check_welcome(int32_t status, const void *payload, size_t size, uin
       w->gpus < 0 || w->gpus > kMaxWelcomeGpus)
     return set_error(CHI_ERR_PROTOCOL, "%s sent a malformed session shape (%u slots, %u-byte payloads, %d GPUs)",
                      address.c_str(), w->nslots, w->max_payload, int(w->gpus));
+  if (w->flags & kWelcomeMpsDir) {
+    const char *dir = static_cast<const char *>(payload) + sizeof *w;
+    const size_t n = size - sizeof *w;
+    bool ok = n >= 1 && n <= kMaxMpsDirBytes && dir[0] == '/';
+    for (size_t i = 0; ok && i < n; ++i) ok = static_cast<unsigned char>(dir[i]) >= 0x20 && dir[i] != 0x7f;
+    if (!ok) return set_error(CHI_ERR_PROTOCOL, "%s sent a malformed MPS pipe directory", address.c_str());
+    if (mps_dir) mps_dir->assign(dir, n);
+  }
   return CHI_OK;
 }
 

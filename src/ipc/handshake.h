@@ -25,10 +25,12 @@ chi_status_t check_hello(const void *payload, size_t size, Hello *out, std::stri
 // for a session of `kind`.  CHI_OK and *w, or the refusal's status (its text
 // in the message), or CHI_ERR_PROTOCOL (short, other version, a task
 // session's shape out of range: slots not a power of two in 2..65536,
-// payload over kMaxFramePayload, GPUs outside 0..kMaxWelcomeGpus).  Sets the
-// thread's message naming address.
+// payload over kMaxFramePayload, GPUs outside 0..kMaxWelcomeGpus, an MPS
+// pipe directory (kWelcomeMpsDir) that is not an absolute path of 1 to
+// kMaxMpsDirBytes printable bytes).  Sets the thread's message naming
+// address.  *mps_dir (may be NULL): that directory, or empty.
 chi_status_t check_welcome(int32_t status, const void *payload, size_t size, uint32_t kind,
-                           const std::string &address, Welcome *w);
+                           const std::string &address, Welcome *w, std::string *mps_dir = nullptr);
 
 // The refusal a server sends: a Welcome naming its versions, then the reason.
 std::string refusal_body(const std::string &why);

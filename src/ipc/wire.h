@@ -76,8 +76,15 @@ struct Welcome {
   uint32_t method_limit;
   int32_t gpus;
   uint32_t session_id;
-  uint32_t reserved;
+  uint32_t flags;  // kWelcome* (0 from a server of library 0.1 before it)
 };
+// Welcome.flags: the payload goes on after the Welcome with the pipe
+// directory of the MPS daemon whose clients the server's GPU contexts are
+// (at most kMaxMpsDirBytes, an absolute path); a client that has not
+// initialized CUDA joins it (docs/server.md, "GPUs shared by processes").
+// A client of an earlier library ignores the flag and the bytes.
+constexpr uint32_t kWelcomeMpsDir = 1u;
+constexpr size_t kMaxMpsDirBytes = 100;  // dir + "/control" fits a Unix socket path
 
 struct MethodReply {
   uint32_t method;

@@ -73,6 +73,16 @@ ipc::Welcome Service::welcome(uint32_t session_id) const {
   return w;
 }
 
+std::string Service::welcome_body(ipc::Welcome w) const {
+  std::string dir;
+  const bool mps = rt_.gpu() && rt_.gpu()->count() > 0 && rt_.gpu()->mps_active(&dir) && !dir.empty() &&
+                   dir[0] == '/' && dir.size() <= ipc::kMaxMpsDirBytes;
+  if (mps) w.flags |= ipc::kWelcomeMpsDir;
+  std::string body(reinterpret_cast<const char *>(&w), sizeof w);
+  if (mps) body += dir;
+  return body;
+}
+
 chi_status_t Service::control(uint32_t session, ipc::Op op, uint32_t flags, const void *payload, size_t size,
                               std::string *reply, const std::string &who) {
   auto bytes = [&](const void *p, size_t n) {

@@ -76,6 +76,9 @@ class Service {
                      ipc::Hello *hello, std::string *why);
   // The Welcome of a new session (the shm listener adds its segment's shape).
   ipc::Welcome welcome(uint32_t session_id) const;
+  // The Welcome's payload: `w` and, with ipc::kWelcomeMpsDir in its flags
+  // (set here when the GPUs are MPS clients), the daemon's pipe directory.
+  std::string welcome_body(ipc::Welcome w) const;
   uint32_t next_session_id() { return next_id_.fetch_add(1, std::memory_order_relaxed); }
   // A task session admitted earlier ends (or could not be served after all).
   void left();

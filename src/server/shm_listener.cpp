@@ -330,7 +330,9 @@ void ShmListener::handshake(int fd, const ipc::MsgHeader &h, const char *buf) {
     fds[1] = s->client_doorbell();
     nfds = 2;
   }
-  const bool sent = ipc::send_msg(fd, ipc::Kind::kWelcome, ipc::Op(0), 0, CHI_OK, &w, sizeof w, fds, nfds);
+  const std::string body = svc_.welcome_body(w);
+  const bool sent =
+      ipc::send_msg(fd, ipc::Kind::kWelcome, ipc::Op(0), 0, CHI_OK, body.data(), uint32_t(body.size()), fds, nfds);
   s->close_client_doorbell();  // the client holds its end now
   if (!sent) {
     if (tasks) svc_.left();

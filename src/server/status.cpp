@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/mps.h"
 #include "core/runtime.h"
 #include "ipc/channel.h"
 #include "server/listener.h"
@@ -19,6 +20,22 @@ namespace {
 constexpr size_t kMaxStatusBytes = ipc::kMaxMsgPayload;
 constexpr size_t kMaxAddressBytes = 4096;
 constexpr size_t kTailBytes = 2048;  // the routes and counters after the rows
+
+// `text` (any bytes: a path) inside a JSON string.
+void json_text(const std::string &text, std::string *out) {
+  for (char ch : text) {
+    if (ch == '"' || ch == '\\') {
+      *out += '\\';
+      *out += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      char esc[8];
+      snprintf(esc, sizeof esc, "\\u%04x", unsigned(static_cast<unsigned char>(ch)));
+      *out += esc;
+    } else {
+      *out += ch;
+    }
+  }
+}
 }  // namespace
 
 std::string status_text(Service &service, bool json) {
@@ -62,25 +79,19 @@ std::string status_text(Service &service, bool json) {
   // concurrently or time-sliced (docs/server.md, "GPUs shared by processes").
   std::string mps_dir;
   const bool mps = ngpus > 0 && rt.gpu()->mps_active(&mps_dir);
-  if (ngpus > 0) orch_text += mps ? "; MPS active" : "; MPS not active";
+  // Who started the daemon: this server (server.mps), another chimaera
+  // process that shares it, or the user (scripts/mps.sh, a job script).
+  std::string mps_by = "its user";
+  if (rt.mps()) mps_by = rt.mps()->started_by() == "this process" ? "this server" : rt.mps()->started_by();
+  if (ngpus > 0)
+    orch_text += mps ? "; MPS active at " + mps_dir + ", started by " + mps_by : std::string("; MPS not active");
   static const char *const names[] = {"cpu", "gpu", "client", "reserved"};
   char line[512];
   std::string out;
   if (json) {
     // Addresses come from the config: any length, any character (a path).
     out = "{\"address\":\"";
-    for (char ch : addrs) {
-      if (ch == '"' || ch == '\\') {
-        out += '\\';
-        out += ch;
-      } else if (static_cast<unsigned char>(ch) < 0x20) {
-        char esc[8];
-        snprintf(esc, sizeof esc, "\\u%04x", unsigned(static_cast<unsigned char>(ch)));
-        out += esc;
-      } else {
-        out += ch;
-      }
-    }
+    json_text(addrs, &out);
     snprintf(line, sizeof line,
              "\",\"pid\":%d,\"version\":\"%s\",\"workers\":%u,"
              "\"pollers\":%zu,\"slots_in_use\":%llu,\"slots_total\":%llu,\"gpus\":%d,"
@@ -89,7 +100,15 @@ std::string status_text(Service &service, bool json) {
              pollers, (unsigned long long)st.slots_in_use, (unsigned long long)st.slots_total,
              st.gpus);
     out += line;
-    out += orch_json + "],\"mps\":" + (mps ? "true" : "false") + ",\"clients\":[";
+    out += orch_json + "],\"mps\":" + (mps ? "true" : "false");
+    if (mps) {
+      out += ",\"mps_dir\":\"";
+      json_text(mps_dir, &out);
+      out += "\",\"mps_started_by\":\"";
+      json_text(mps_by, &out);
+      out += "\"";
+    }
+    out += ",\"clients\":[";
     size_t shown = 0;
     for (; shown < rows.size(); ++shown) {
       const size_t i = shown;

@@ -367,8 +367,8 @@ void ZmqListener::handle_hello(const std::string &identity, int fd, uint64_t id,
     std::lock_guard<std::mutex> lock(sessions_mu_);
     sessions_[identity] = s;
   }
-  const ipc::Welcome w = svc_.welcome(s.id);
-  reply(identity, ipc::Kind::kWelcome, id, CHI_OK, &w, sizeof w);
+  const std::string body = svc_.welcome_body(svc_.welcome(s.id));
+  reply(identity, ipc::Kind::kWelcome, id, CHI_OK, body.data(), body.size());
 }
 
 ZmqListener::Task *ZmqListener::new_task() {

@@ -3,7 +3,10 @@
  * client processes of a chimaera-server use chi_gpu_context's context on
  * every route:
  *   - GPU->CPU to the server's handlers (chi.add, chi.echo, large payloads),
- *   - GPU->GPU (LOCAL, GPU_ANY, GPU(0)) to the server's orchestrator,
+ *   - GPU->GPU (LOCAL, GPU_ANY, GPU(0)): built-ins on the client's own
+ *     orchestrator (gpu.client_orchestrator; "own-orch" checks that the
+ *     server's orchestrator, parked, launches nothing for them, and that with
+ *     the setting off they cross to it), module methods to the server's,
  *   - GPU->CPU to a handler registered in the client itself,
  *   - the refusals (method 0, unknown route, GPU out of range, too large,
  *     unknown method, the client's handler on a GPU route), chi_dev_test,
@@ -16,18 +19,29 @@
  * (chi_dev_mem_resolve in the server's orchestrator; submitted from the
  * client's host and from a client kernel) through the region, refused
  * outside it, gone at chi_unregister_mem and when the client dies.
- * Then 8 clients at once.
+ * Then 8 clients at once, and server.mps: two servers share the MPS daemon
+ * the first one started, a client that starts no CUDA before chi_init joins
+ * it, one that did is warned and still served, a client SIGKILLed mid-kernel
+ * leaves the server serving, and the daemon is gone after both servers
+ * stopped (skipped without nvidia-cuda-mps-control).
  * One program in several roles (argv[1]); the controller (no argument) never
  * touches CUDA itself.  Exit 77 without a usable GPU.
  * Extra roles for lab/lab recipe client-check (not run by ctest):
  *   share N ADDRESS       N client processes at once, all routes, a rate;
- *   lat ADDRESS | lat     client (or embedded) kernel round trips, p50/p99.
+ *   lat ADDRESS | lat     client (or embedded) kernel round trips, p50/p99;
+ *   busy ADDRESS SECS     CPU->GPU tasks from a client for SECS (the server's
+ *                         orchestrator stays running);
+ *   own-orch ADDRESS own|cross, mps-client ADDRESS DIR fresh|touch,
+ *   server-mps            the client-orchestrator and server.mps cases.
  */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -44,6 +58,8 @@
 #include "chimaera_device.h"
 
 #define WAIT_NS 20000000000ll
+
+static void sleep_ms(int ms);
 
 /* Test cases of the route kernel. */
 enum { C_CPU_ADD, C_LOCAL_ADD, C_ANY_ECHO, C_GPU0_ADD, C_MINE, C_BIG_ECHO, C_COUNT };
@@ -247,6 +263,98 @@ static int client_routes(const char *address, uint32_t blocks, uint32_t iters, b
   if (chi_finalize(rt) != CHI_OK) rc = 1;
   cudaFree(t);
   cudaFree(res);
+  return rc;
+}
+
+/* GPU->GPU built-ins on this GPU's three routes, every result checked. */
+__global__ void k_builtins(chi_dev_context_t ctx, chi_method_t add, chi_method_t echo, uint32_t iters, Tally *t) {
+  const uint32_t tid = blockIdx.x * blockDim.x + threadIdx.x;
+  uint8_t in[64], out[64];
+  for (uint32_t i = 0; i < iters; ++i) {
+    const int c = (int)((tid + i) % 3u);
+    const chi_route_t route = c == 0 ? CHI_ROUTE_LOCAL : c == 1 ? CHI_ROUTE_GPU_ANY : CHI_ROUTE_GPU(0);
+    const uint64_t a = ((uint64_t)tid << 20) + i, b = 77u + i;
+    const bool sum = (i & 1u) != 0;
+    const uint32_t n = sum ? 16u : 8u + (tid + i) % 57u;
+    if (sum) {
+      memcpy(in, &a, 8);
+      memcpy(in + 8, &b, 8);
+    } else {
+      for (uint32_t k = 0; k < n; ++k) in[k] = pat(a, k);
+    }
+    chi_future_t f;
+    uint32_t on = 0;
+    chi_status_t s = chi_dev_submit(&ctx, route, sum ? add : echo, in, n, &f);
+    if (s == CHI_OK) s = chi_dev_wait(&ctx, f, WAIT_NS, out, sizeof out, &on);
+    bool right = s == CHI_OK;
+    if (right && sum) {
+      uint64_t v;
+      memcpy(&v, out, 8);
+      right = on == 8 && v == a + b;
+    } else if (right) {
+      right = on == n;
+      for (uint32_t k = 0; right && k < n; ++k) right = out[k] == in[k];
+    }
+    if (right) atomicAdd(&t->ok, 1ull);
+    else note_bad(t, c, s);
+  }
+}
+
+/* GPU 0's orchestrator in the server's status: its launches so far, and
+ * whether it is parked.  False if the server does not answer. */
+static bool server_gpu0(const char *address, unsigned long long *launches, bool *parked) {
+  char st[8192];
+  size_t n = 0;
+  if (chi_server_query(address, "status-json", st, sizeof st, &n) != CHI_OK) return false;
+  const char *p = strstr(st, "{\"gpu\":0,\"state\":\"");
+  if (!p) return false;
+  p += strlen("{\"gpu\":0,\"state\":\"");
+  *parked = strncmp(p, "parked\"", 7) == 0;
+  const char *l = strstr(p, "\"launches\":");
+  return l && sscanf(l, "\"launches\":%llu", launches) == 1;
+}
+
+/* A client's kernel runs GPU->GPU built-ins while the server's GPU 0 is
+ * parked.  own: they must run on the client's own orchestrator (the server
+ * launches nothing); else (CHI_GPU_CLIENT_ORCHESTRATOR=0) they cross to the
+ * server, whose orchestrator starts.  Every result is checked either way. */
+static int client_own_orch(const char *address, bool own) {
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) return 77;
+  chi_runtime_t *rt = connect(address);
+  if (!rt) return 1;
+  chi_dev_context_t ctx;
+  chi_method_t add = 0, echo = 0;
+  if (chi_gpu_context(rt, 0, &ctx) != CHI_OK || chi_method_lookup(rt, "chi.add", &add) != CHI_OK ||
+      chi_method_lookup(rt, "chi.echo", &echo) != CHI_OK) {
+    fprintf(stderr, "own-orch setup: %s\n", chi_last_error_message());
+    return 1;
+  }
+  unsigned long long before = 0, after = 0;
+  bool parked = false;
+  for (int i = 0; i < 600 && !(server_gpu0(address, &before, &parked) && parked); ++i) sleep_ms(50);
+  if (!parked) {
+    fprintf(stderr, "own-orch: the server's GPU 0 never parked\n");
+    chi_finalize(rt);
+    return 1;
+  }
+  Tally *t = NULL;
+  if (cudaMallocManaged(&t, sizeof *t) != cudaSuccess) return 1;
+  memset(t, 0, sizeof *t);
+  const uint32_t blocks = 4, iters = 100;
+  k_builtins<<<blocks, 64>>>(ctx, add, echo, iters, t);
+  const cudaError_t e = cudaDeviceSynchronize();
+  const bool read = server_gpu0(address, &after, &parked);
+  const unsigned long long want = (unsigned long long)blocks * 64 * iters;
+  printf("# own-orch %s (%s): %llu of %llu built-ins right (first bad: case %d status %d); server GPU 0 launches "
+         "%llu -> %llu\n",
+         address, own ? "client's orchestrator" : "crossing to the server", t->ok, want, t->first_case,
+         t->first_status, before, after);
+  int rc = e == cudaSuccess && t->ok == want && read ? 0 : 1;
+  if (own && after != before) rc = 1;  /* a task reached the server's orchestrator */
+  if (!own && after == before) rc = 1; /* the switch did not send them there */
+  if (chi_finalize(rt) != CHI_OK) rc = 1;
+  cudaFree(t);
   return rc;
 }
 
@@ -490,9 +598,10 @@ static uint32_t gt_n() {
 }
 
 static int latency(const char *address) {
+  /* chi_init before the first CUDA call: a server's MPS daemon is joined. */
+  chi_runtime_t *rt = connect(address);
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) return 77;
-  chi_runtime_t *rt = connect(address);
   chi_dev_context_t ctx;
   chi_method_t echo;
   if (!rt || chi_gpu_context(rt, 0, &ctx) != CHI_OK || chi_method_lookup(rt, "chi.echo", &echo) != CHI_OK) {
@@ -523,6 +632,29 @@ static int latency(const char *address) {
   return rc;
 }
 
+/* Keeps the server's GPU 0 busy for `secs` seconds with CPU->GPU tasks from
+ * this client's host thread (chi.echo, 64 bytes): its orchestrator runs the
+ * whole time (for measurements beside it: lab/lab recipe client-check). */
+static int busy(const char *address, double secs) {
+  chi_runtime_t *rt = connect(address);
+  chi_method_t echo;
+  if (!rt || chi_method_lookup(rt, "chi.echo", &echo) != CHI_OK) return 1;
+  uint8_t in[64] = {1}, out[64];
+  unsigned long long n = 0, bad = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < secs) {
+    chi_future_t f;
+    size_t on = 0;
+    chi_status_t s = chi_submit(rt, CHI_ROUTE_GPU(0), echo, in, sizeof in, &f);
+    if (s == CHI_OK) s = chi_wait(rt, f, WAIT_NS, out, sizeof out, &on);
+    if (s == CHI_OK && on == sizeof in) ++n;
+    else ++bad;
+  }
+  printf("# busy %s: %llu CPU->GPU tasks in %.1f s, %llu failed\n", address, n, secs, bad);
+  chi_finalize(rt);
+  return bad ? 1 : 0;
+}
+
 static pid_t spawn(const std::vector<std::string> &args, int *out_fd, const char *log = nullptr) {
   int fds[2] = {-1, -1};
   if (out_fd && pipe2(fds, O_CLOEXEC) != 0) return -1;
@@ -551,11 +683,13 @@ static std::string g_server_log;
 
 /* A server on shm:// and ipc:// with the device memory module, logging (info)
  * to g_server_log; false if it does not answer. */
-static bool start_server(const char *shm, const char *ipc, pid_t *pid) {
-  g_server_log = std::string("/tmp/chi-client-gpu-") + std::to_string(getpid()) + ".log";
+/* A server on shm (and ipc, if not NULL), its log in `log`; true once it answers. */
+static bool start_server_at(const char *shm, const char *ipc, const std::string &log, pid_t *pid) {
   setenv("CHI_MODULES", CHI_MEM_MODULE_PATH, 1);
   setenv("CHI_LOG_LEVEL", "info", 1);
-  *pid = spawn({CHI_SERVER_PATH, "--listen", shm, "--listen", ipc, "--workers", "2"}, nullptr, g_server_log.c_str());
+  std::vector<std::string> args{CHI_SERVER_PATH, "--listen", shm, "--workers", "2"};
+  if (ipc) args.insert(args.end(), {"--listen", ipc});
+  *pid = spawn(args, nullptr, log.c_str());
   unsetenv("CHI_MODULES");
   unsetenv("CHI_LOG_LEVEL");
   char reply[256];
@@ -565,6 +699,11 @@ static bool start_server(const char *shm, const char *ipc, pid_t *pid) {
     sleep_ms(50);
   }
   return false;
+}
+
+static bool start_server(const char *shm, const char *ipc, pid_t *pid) {
+  g_server_log = std::string("/tmp/chi-client-gpu-") + std::to_string(getpid()) + ".log";
+  return start_server_at(shm, ipc, g_server_log, pid);
 }
 
 /* Waits for "R" from a child's stdout. */
@@ -597,6 +736,201 @@ static int share(const std::string &self, int n, const char *address) {
   return 0;
 }
 
+/* ---- MPS run by the server (server.mps) ---- */
+
+static std::string read_file(const std::string &path) {
+  std::string text;
+  if (FILE *f = fopen(path.c_str(), "r")) {
+    char buf[4096];
+    size_t got;
+    while ((got = fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, got);
+    fclose(f);
+  }
+  return text;
+}
+
+/* Whether an MPS control daemon answers at dir/control. */
+static bool mps_answers(const std::string &dir) {
+  const std::string path = dir + "/control";
+  sockaddr_un a{};
+  if (path.size() >= sizeof a.sun_path) return false;
+  a.sun_family = AF_UNIX;
+  memcpy(a.sun_path, path.c_str(), path.size() + 1);
+  for (int type : {SOCK_STREAM, SOCK_SEQPACKET}) {
+    const int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    const bool ok = connect(fd, (const sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    if (ok) return true;
+  }
+  return false;
+}
+
+static bool on_path(const char *prog) {
+  const char *p = getenv("PATH");
+  std::string path = p ? p : "";
+  size_t at = 0;
+  while (at <= path.size()) {
+    size_t end = path.find(':', at);
+    if (end == std::string::npos) end = path.size();
+    const std::string f = path.substr(at, end - at) + "/" + prog;
+    if (access(f.c_str(), X_OK) == 0) return true;
+    at = end + 1;
+  }
+  return false;
+}
+
+/* Whether the MPS daemon at dir lists this process as a client of one of its servers. */
+static bool mps_lists_me(const std::string &dir) {
+  const std::string q = "CUDA_MPS_PIPE_DIRECTORY='" + dir + "' nvidia-cuda-mps-control";
+  std::string servers;
+  if (FILE *f = popen(("echo get_server_list | " + q).c_str(), "r")) {
+    char buf[256];
+    while (fgets(buf, sizeof buf, f)) servers += buf;
+    pclose(f);
+  }
+  const std::string me = std::to_string(getpid());
+  size_t at = 0;
+  while (at < servers.size()) {
+    size_t end = servers.find('\n', at);
+    if (end == std::string::npos) end = servers.size();
+    const std::string srv = servers.substr(at, end - at);
+    at = end + 1;
+    if (srv.empty()) continue;
+    if (FILE *f = popen(("echo get_client_list " + srv + " | " + q).c_str(), "r")) {
+      char buf[256];
+      bool found = false;
+      while (fgets(buf, sizeof buf, f))
+        if (strtol(buf, NULL, 10) == strtol(me.c_str(), NULL, 10)) found = true;
+      pclose(f);
+      if (found) return true;
+    }
+  }
+  return false;
+}
+
+/* A client of a server that runs MPS at `dir`.  fresh: no CUDA call before
+ * chi_init, so its context must join the server's daemon; touch: CUDA first
+ * (outside it), so chi_init warns and the process stays outside.  Then every
+ * route from a kernel, results checked. */
+static int mps_client(const char *address, const std::string &dir, bool touch) {
+  if (touch && cudaFree(0) != cudaSuccess) return 77;
+  chi_runtime_t *rt = connect(address);
+  if (!rt) return 1;
+  const char *env = getenv("CUDA_MPS_PIPE_DIRECTORY");
+  const bool adopted = env && dir == env;
+  int rc = 0;
+  if (adopted == touch) {
+    fprintf(stderr, "mps-client (%s): CUDA_MPS_PIPE_DIRECTORY is %s\n", touch ? "touch" : "fresh", env ? env : "unset");
+    rc = 1;
+  }
+  if (!touch && cudaFree(0) != cudaSuccess) rc = 1;
+  const bool listed = mps_lists_me(dir);
+  printf("# mps-client %s (%s): CUDA_MPS_PIPE_DIRECTORY %s, a client of the server's daemon: %s\n", address,
+         touch ? "CUDA first" : "chi_init first", env ? env : "unset", listed ? "yes" : "no");
+  if (listed == touch) rc = 1;
+  chi_finalize(rt);
+  const int r = client_routes(address, 4, 20, true);
+  return rc ? rc : r;
+}
+
+/* Two servers with server.mps share one daemon that the first started; the
+ * last one out stops it.  Clients join it, or warn when they cannot. */
+static int server_mps(const std::string &self) {
+  if (!on_path("nvidia-cuda-mps-control")) {
+    printf("# server.mps: not tested (no nvidia-cuda-mps-control on PATH)\n");
+    return 0;
+  }
+  const std::string base = "/tmp/chi-mps-test-" + std::to_string(getpid());
+  const std::string dir = base + "/chimaera-mps";
+  mkdir(base.c_str(), 0700);
+  const char *old_xdg = getenv("XDG_RUNTIME_DIR");
+  const std::string saved_xdg = old_xdg ? old_xdg : "";
+  const char *old_pipe = getenv("CUDA_MPS_PIPE_DIRECTORY");
+  const std::string saved_pipe = old_pipe ? old_pipe : "";
+  setenv("XDG_RUNTIME_DIR", base.c_str(), 1);
+  unsetenv("CUDA_MPS_PIPE_DIRECTORY");
+  const std::string a_shm = "shm://chi-mps-a-" + std::to_string(getpid());
+  const std::string b_shm = "shm://chi-mps-b-" + std::to_string(getpid());
+  const std::string a_log = base + "-a.log", b_log = base + "-b.log", c_log = base + "-touch.log";
+  int rc = 0;
+  pid_t a = -1, b = -1;
+  setenv("CHI_SERVER_MPS", "true", 1);
+  const bool a_up = start_server_at(a_shm.c_str(), NULL, a_log, &a);
+  const bool b_up = a_up && start_server_at(b_shm.c_str(), NULL, b_log, &b);
+  unsetenv("CHI_SERVER_MPS");
+  char st[8192];
+  size_t n = 0;
+  if (!a_up || !b_up) {
+    fprintf(stderr, "server.mps: a server did not start (logs %s, %s)\n", a_log.c_str(), b_log.c_str());
+    rc = 1;
+  } else {
+    const std::string want_a = "\"mps\":true,\"mps_dir\":\"" + dir + "\",\"mps_started_by\":\"this server\"";
+    const std::string want_b =
+        "\"mps\":true,\"mps_dir\":\"" + dir + "\",\"mps_started_by\":\"chimaera process " + std::to_string(a) + "\"";
+    const bool sa = chi_server_query(a_shm.c_str(), "status-json", st, sizeof st, &n) == CHI_OK &&
+                    strstr(st, want_a.c_str());
+    const bool sb = chi_server_query(b_shm.c_str(), "status-json", st, sizeof st, &n) == CHI_OK &&
+                    strstr(st, want_b.c_str());
+    printf("# server.mps: first server started the daemon at %s: %s; second reuses it: %s\n", dir.c_str(),
+           sa ? "yes" : "NO", sb ? "yes" : "NO");
+    if (!sa || !sb) rc = 1;
+    int r = wait_status(spawn({self, "mps-client", a_shm, dir, "fresh"}, nullptr));
+    const int r2 = wait_status(spawn({self, "mps-client", b_shm, dir, "touch"}, nullptr, c_log.c_str()));
+    const bool warned = read_file(c_log).find("initialized CUDA before chi_init") != std::string::npos;
+    printf("# server.mps clients: chi_init first exit %d; CUDA first exit %d, warned: %s\n", r, r2,
+           warned ? "yes" : "NO");
+    if (r || r2 || !warned) rc = 1;
+    /* A client SIGKILLed mid-kernel under the server's MPS: the server keeps serving. */
+    int fd;
+    pid_t hog = spawn({self, "until-failure", a_shm}, &fd);
+    const bool ran = ready(fd);
+    kill(hog, SIGKILL);
+    wait_status(hog);
+    close(fd);
+    r = wait_status(spawn({self, "routes", a_shm, "4", "20"}, nullptr));
+    printf("# server.mps: client SIGKILLed mid-kernel (ran: %s), next client exit %d\n", ran ? "yes" : "NO", r);
+    if (!ran || r) rc = 1;
+  }
+  if (a > 0) {
+    kill(a, SIGTERM);
+    wait_status(a);
+  }
+  const bool kept = mps_answers(dir);
+  if (b > 0) {
+    kill(b, SIGTERM);
+    wait_status(b);
+  }
+  /* The daemon quits once its MPS server has gone, which took tens of
+   * seconds on an H200 host (driver 580): up to 3 minutes here. */
+  bool gone = false;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 3600 && !gone; ++i) {
+    gone = !mps_answers(dir);
+    if (!gone) sleep_ms(50);
+  }
+  printf("# server.mps: the daemon stayed while the second server ran: %s; gone after both stopped: %s (%.1f s)\n",
+         kept ? "yes" : "NO", gone ? "yes" : "NO",
+         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  if (b_up && !kept) rc = 1;
+  if (!gone) {
+    rc = 1;
+    const std::string q = "echo quit | CUDA_MPS_PIPE_DIRECTORY='" + dir + "' nvidia-cuda-mps-control";
+    if (system(q.c_str()) != 0) fprintf(stderr, "server.mps: could not stop the daemon at %s\n", dir.c_str());
+  }
+  if (saved_xdg.empty()) unsetenv("XDG_RUNTIME_DIR");
+  else setenv("XDG_RUNTIME_DIR", saved_xdg.c_str(), 1);
+  if (!saved_pipe.empty()) setenv("CUDA_MPS_PIPE_DIRECTORY", saved_pipe.c_str(), 1);
+  if (rc == 0) {
+    const std::string rm = "rm -rf '" + base + "' '" + a_log + "' '" + b_log + "' '" + c_log + "'";
+    if (system(rm.c_str()) != 0) fprintf(stderr, "server.mps: could not remove %s\n", base.c_str());
+  } else {
+    fprintf(stderr, "server.mps: logs %s %s %s, directory %s\n", a_log.c_str(), b_log.c_str(), c_log.c_str(),
+            base.c_str());
+  }
+  return rc;
+}
+
 static int controller(const std::string &self) {
   char shm[96], ipc[128];
   snprintf(shm, sizeof shm, "shm://chi-client-gpu-%d", (int)getpid());
@@ -622,6 +956,18 @@ static int controller(const std::string &self) {
     printf("# routes over %s: exit %d\n", a, r);
     if (r == 77) rc = rc ? rc : 77;
     else if (r) rc = 1;
+  }
+  if (rc == 0) {
+    /* Built-ins from a client kernel on the client's own orchestrator, and,
+     * with it switched off, on the server's. */
+    for (const char *a : {(const char *)shm, (const char *)ipc}) {
+      int r = wait_status(spawn({self, "own-orch", a, "own"}, nullptr));
+      setenv("CHI_GPU_CLIENT_ORCHESTRATOR", "false", 1);
+      const int r2 = wait_status(spawn({self, "own-orch", a, "cross"}, nullptr));
+      unsetenv("CHI_GPU_CLIENT_ORCHESTRATOR");
+      printf("# own orchestrator over %s: exit %d; crossing: exit %d\n", a, r, r2);
+      if (r || r2) rc = 1;
+    }
   }
   if (rc == 0) {
     /* A client dies while its kernel submits: the server drops it and serves the next. */
@@ -667,6 +1013,7 @@ static int controller(const std::string &self) {
     if (!said || r != 128 + SIGKILL || !dropped) rc = 1;
   }
   if (rc == 0) rc = share(self, 8, shm);
+  if (rc == 0) rc = server_mps(self);
   if (rc == 0) {
     /* The server dies while a client kernel waits: CHI_ERR_DISCONNECTED, not the timeout. */
     for (const char *a : {(const char *)shm, (const char *)ipc}) {
@@ -698,6 +1045,10 @@ int main(int argc, char **argv) {
   if (argc >= 5 && !strcmp(argv[1], "routes"))
     return client_routes(argv[2], (uint32_t)atoi(argv[3]), (uint32_t)atoi(argv[4]), argc >= 6);
   if (argc >= 3 && !strcmp(argv[1], "until-failure")) return client_until_failure(argv[2]);
+  if (argc >= 5 && !strcmp(argv[1], "mps-client")) return mps_client(argv[2], argv[3], !strcmp(argv[4], "touch"));
+  if (argc >= 2 && !strcmp(argv[1], "server-mps")) return server_mps(self);
+  if (argc >= 4 && !strcmp(argv[1], "busy")) return busy(argv[2], atof(argv[3]));
+  if (argc >= 4 && !strcmp(argv[1], "own-orch")) return client_own_orch(argv[2], !strcmp(argv[3], "own"));
   if (argc >= 3 && !strcmp(argv[1], "mem")) return client_mem(argv[2], false);
   if (argc >= 3 && !strcmp(argv[1], "mem-die")) return client_mem(argv[2], true);
   if (argc >= 4 && !strcmp(argv[1], "share")) return share(self, atoi(argv[2]), argv[3]);
