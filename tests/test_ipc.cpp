@@ -332,6 +332,25 @@ void test_welcome_checks(void **) {
     b = welcome_body(x);
     assert_int_equal(check_welcome(CHI_OK, b.data(), b.size(), kSessionTasks, at, &w), CHI_ERR_PROTOCOL);
   }
+  // The MPS pipe directory after the Welcome (kWelcomeMpsDir): taken when it
+  // is an absolute path of printable bytes within the limit, else refused;
+  // bytes after a Welcome without the flag are ignored.
+  std::string dir;
+  x = good_welcome();
+  x.flags = kWelcomeMpsDir;
+  b = welcome_body(x) + "/run/user/1000/chimaera-mps";
+  assert_int_equal(check_welcome(CHI_OK, b.data(), b.size(), kSessionTasks, at, &w, &dir), CHI_OK);
+  assert_string_equal(dir.c_str(), "/run/user/1000/chimaera-mps");
+  for (const std::string &bad : {std::string(), std::string("relative/dir"), std::string("/a\nb"),
+                                 std::string("/a\0b", 4), std::string("/") + std::string(kMaxMpsDirBytes, 'x')}) {
+    b = welcome_body(x) + bad;
+    dir = "stale";
+    assert_int_equal(check_welcome(CHI_OK, b.data(), b.size(), kSessionTasks, at, &w, &dir), CHI_ERR_PROTOCOL);
+    assert_non_null(std::strstr(chi::last_error(), "MPS pipe directory"));
+  }
+  b = welcome_body(good_welcome()) + "/ignored";
+  assert_int_equal(check_welcome(CHI_OK, b.data(), b.size(), kSessionTasks, at, &w, &dir), CHI_OK);
+  assert_true(dir.empty());
 }
 
 void test_hello_checks(void **) {

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "base/error.h"
 #include "base/log.h"
@@ -75,10 +76,18 @@ int valid_marker(const std::string &dir) {
   return pid > 0 && pid < (1L << 30) ? int(pid) : 0;
 }
 
-// Runs the control program with `arg` (or none), its standard input from
-// `input` (or /dev/null), its output appended to `out` (or /dev/null).
-// *pid: the child.
-bool spawn_control(const char *arg, const char *input, const char *out, pid_t *pid) {
+// Runs the control program with `arg` (or none) for the daemon at `dir`
+// (its CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY, the rest of the
+// environment as this process's), its standard input from `input` (or
+// /dev/null), its output appended to `out` (or /dev/null).  *pid: the child.
+bool spawn_control(const std::string &dir, const char *arg, const char *input, const char *out, pid_t *pid) {
+  std::vector<std::string> vars{"CUDA_MPS_PIPE_DIRECTORY=" + dir, "CUDA_MPS_LOG_DIRECTORY=" + dir + "/log"};
+  std::vector<char *> envp;
+  for (char **e = environ; *e; ++e)
+    if (std::strncmp(*e, "CUDA_MPS_PIPE_DIRECTORY=", 24) != 0 && std::strncmp(*e, "CUDA_MPS_LOG_DIRECTORY=", 23) != 0)
+      envp.push_back(*e);
+  for (std::string &v : vars) envp.push_back(&v[0]);
+  envp.push_back(nullptr);
   int in[2] = {-1, -1};
   if (input && pipe2(in, O_CLOEXEC) != 0) return false;
   posix_spawn_file_actions_t fa;
@@ -88,7 +97,7 @@ bool spawn_control(const char *arg, const char *input, const char *out, pid_t *p
   posix_spawn_file_actions_addopen(&fa, 1, out ? out : "/dev/null", O_WRONLY | O_CREAT | O_APPEND, 0600);
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
   char *argv[3] = {const_cast<char *>(kControl), const_cast<char *>(arg), nullptr};
-  const int e = posix_spawnp(pid, kControl, &fa, nullptr, argv, environ);
+  const int e = posix_spawnp(pid, kControl, &fa, nullptr, argv, envp.data());
   posix_spawn_file_actions_destroy(&fa);
   if (input) {
     close(in[0]);
@@ -180,11 +189,9 @@ chi_status_t Daemon::join() {
     log(LogLevel::kInfo, "MPS: using the control daemon at %s (started by %s)", dir_.c_str(), started_by().c_str());
   } else {
     (void)mkdir(logs.c_str(), 0700);
-    setenv("CUDA_MPS_PIPE_DIRECTORY", dir_.c_str(), 1);
-    setenv("CUDA_MPS_LOG_DIRECTORY", logs.c_str(), 1);
     pid_t pid = 0;
     int rc = -1;
-    if (!spawn_control("-d", nullptr, nullptr, &pid))
+    if (!spawn_control(dir_, "-d", nullptr, nullptr, &pid))
       status = set_error(CHI_ERR_NO_DEVICE, "server.mps: cannot run %s (%s): is the NVIDIA driver's MPS installed?",
                          kControl, strerror(errno));
     else if ((rc = wait_child(pid)) != 0)
@@ -237,7 +244,7 @@ void Daemon::leave() {
   if (lock >= 0 && flock(users_fd_, LOCK_EX | LOCK_NB) == 0 && valid_marker(dir_) != 0) {
     pid_t pid = 0;
     const std::string out = dir_ + "/log/quit.log";
-    if (spawn_control(nullptr, "quit\n", out.c_str(), &pid)) {
+    if (spawn_control(dir_, nullptr, "quit\n", out.c_str(), &pid)) {
       int st = 0;
       int waited = 0;
       while (waitpid(pid, &st, WNOHANG) == 0 && waited < 2000) {

@@ -67,6 +67,8 @@ chi_status_t Runtime::start() {
     if (chi_status_t s = d->join(); s != CHI_OK) return s;
     mps_ = std::move(d);
   }
+#else
+  if (cfg_.server.mps) log(LogLevel::kWarn, "server.mps: this build of chimaera has no CUDA backend; ignored");
 #endif
   if (chi_status_t s = create_gpu_system(*this, cfg_, &gpu_); s != CHI_OK) return s;
   log(LogLevel::kInfo, "runtime up: %u workers, %u slots, %u-byte payloads, %d GPU(s)",
