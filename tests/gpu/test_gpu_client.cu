@@ -34,6 +34,7 @@
  *   own-orch ADDRESS own|cross, mps-client ADDRESS DIR fresh|touch,
  *   server-mps            the client-orchestrator and server.mps cases.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -766,6 +767,32 @@ static bool mps_answers(const std::string &dir) {
   return false;
 }
 
+/* Whether an MPS control daemon for `dir` runs: a process of this user
+ * "nvidia-cuda-mps-control -d" whose environment names dir.  (Asking its
+ * socket would not do: a connect every few ms kept a quitting daemon alive.) */
+static bool mps_daemon_runs(const std::string &dir) {
+  const std::string want = "CUDA_MPS_PIPE_DIRECTORY=" + dir;
+  DIR *proc = opendir("/proc");
+  if (!proc) return false;
+  bool found = false;
+  while (dirent *e = readdir(proc)) {
+    if (found || e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    const std::string base = std::string("/proc/") + e->d_name;
+    const std::string cmd = read_file(base + "/cmdline");
+    if (cmd.find("nvidia-cuda-mps-control") == std::string::npos || cmd.find(std::string("\0-d", 3)) == std::string::npos)
+      continue;
+    const std::string env = read_file(base + "/environ");
+    size_t at = 0;
+    while (at < env.size() && !found) {
+      const size_t end = env.find('\0', at);
+      found = env.compare(at, (end == std::string::npos ? env.size() : end) - at, want) == 0;
+      at = end == std::string::npos ? env.size() : end + 1;
+    }
+  }
+  closedir(proc);
+  return found;
+}
+
 static bool on_path(const char *prog) {
   const char *p = getenv("PATH");
   std::string path = p ? p : "";
@@ -896,18 +923,17 @@ static int server_mps(const std::string &self) {
     kill(a, SIGTERM);
     wait_status(a);
   }
-  const bool kept = mps_answers(dir);
+  const bool kept = mps_daemon_runs(dir) && mps_answers(dir);
   if (b > 0) {
     kill(b, SIGTERM);
     wait_status(b);
   }
-  /* The daemon quits once its MPS server has gone, which took tens of
-   * seconds on an H200 host (driver 580): up to 3 minutes here. */
+  /* The daemon quits once its MPS server has gone. */
   bool gone = false;
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < 3600 && !gone; ++i) {
-    gone = !mps_answers(dir);
-    if (!gone) sleep_ms(50);
+  for (int i = 0; i < 600 && !gone; ++i) {
+    gone = !mps_daemon_runs(dir);
+    if (!gone) sleep_ms(100);
   }
   printf("# server.mps: the daemon stayed while the second server ran: %s; gone after both stopped: %s (%.1f s)\n",
          kept ? "yes" : "NO", gone ? "yes" : "NO",

@@ -65,6 +65,10 @@ void usage(std::FILE *out) {
       "                  one server serves shm, ipc and tcp (loopback) at once, a second one,\n"
       "                  started after it, tcp with CURVE (keys made in its runtime directory)\n"
       "  --server-bin P  the chimaera-server to start (default: next to this binary)\n"
+      "  --client-mps    with --server start and a GPU: the client kernel rows again from a\n"
+      "                  fresh client process under MPS started by hand (\"(MPS)\") and under\n"
+      "                  a server with server.mps (\"(server MPS)\"), each on its own server\n"
+      "                  (needs nvidia-cuda-mps-control)\n"
       "  --procs N       client processes of the multi-process pipelined row (default 8)\n"
       "  --clients LIST  sweep, e.g. 1,8,64,256: that many client processes at once, each\n"
       "                  doing chi.add round trips one at a time; with the largest count\n"
@@ -232,10 +236,11 @@ int main(int argc, char **argv) {
   // A client process of a --server run (see server_proc.h).
   if (argc == 3 && std::strcmp(argv[1], "--client-worker") == 0)
     return chi_bench::client_worker_main(argv[2]);
+  if (argc >= 2 && std::strcmp(argv[1], "--client-gpu-rows") == 0) return chi_bench::client_gpu_rows_main(argc, argv);
 
   enum { kIters = 256, kWarmup, kTput, kThreads, kWindow, kPayload, kWorkers, kConfig, kPin,
          kJson, kJsonFile, kHelp, kServer, kServerBin, kProcs, kClients, kFairness, kFloodWindow, kClientMs,
-         kIdleMs, kWakeSamples, kTransportsOpt, kGpuLanes };
+         kIdleMs, kWakeSamples, kTransportsOpt, kGpuLanes, kClientMps };
   static const option longopts[] = {
       {"iters", required_argument, nullptr, kIters},
       {"warmup", required_argument, nullptr, kWarmup},
@@ -260,6 +265,7 @@ int main(int argc, char **argv) {
       {"wake-samples", required_argument, nullptr, kWakeSamples},
       {"transports", required_argument, nullptr, kTransportsOpt},
       {"gpu-lanes", required_argument, nullptr, kGpuLanes},
+      {"client-mps", no_argument, nullptr, kClientMps},
       {nullptr, 0, nullptr, 0}};
 
   chi_bench_options opt{};
@@ -298,6 +304,9 @@ int main(int argc, char **argv) {
       case kPayload:
         if (!count_arg("--payload", optarg, 0, 1 << 20, &v)) return 2;
         opt.payload = uint32_t(v);
+        break;
+      case kClientMps:
+        so.client_mps = true;
         break;
       case kGpuLanes:
         if (!count_arg("--gpu-lanes", optarg, 1, 32, &v)) return 2;

@@ -1,6 +1,13 @@
 #include "server_routes.h"
 
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -16,6 +23,8 @@
 #include "cpu_floors.h"
 #include "cpu_routes.h"
 #include "tool_util.h"
+
+extern char **environ;
 
 namespace chi_bench {
 namespace {
@@ -404,7 +413,199 @@ void client_gpu_rows(const chi_bench_options &opt, const std::string &address, i
   }
 }
 
+// ---- client kernels under MPS: "client gpu0->... (MPS)" and "(server MPS)" ----
+
+bool on_path(const char *prog) {
+  const char *p = std::getenv("PATH");
+  const std::string path = p ? p : "";
+  for (size_t at = 0; at <= path.size();) {
+    size_t end = path.find(':', at);
+    if (end == std::string::npos) end = path.size();
+    if (access((path.substr(at, end - at) + "/" + prog).c_str(), X_OK) == 0) return true;
+    at = end + 1;
+  }
+  return false;
+}
+
+bool mps_answers(const std::string &dir) {
+  const std::string path = dir + "/control";
+  sockaddr_un a{};
+  if (path.size() >= sizeof a.sun_path) return false;
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const bool ok = connect(fd, reinterpret_cast<const sockaddr *>(&a), sizeof a) == 0;
+  close(fd);
+  return ok;
+}
+
+// Runs a program (environment: this process's), its stdin from `input`;
+// its exit status, or -1.
+int run(const std::vector<std::string> &args, const char *input = nullptr) {
+  int in[2] = {-1, -1};
+  if (input && pipe2(in, O_CLOEXEC) != 0) return -1;
+  std::vector<char *> argv;
+  for (const auto &a : args) argv.push_back(const_cast<char *>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  if (input) posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  const int e = posix_spawnp(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (input) {
+    close(in[0]);
+    if (e == 0 && write(in[1], input, std::strlen(input)) < 0) { /* its status says */ }
+    close(in[1]);
+  }
+  if (e != 0) return -1;
+  int st = 0;
+  if (waitpid(pid, &st, 0) != pid) return -1;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+void restore_env(const char *name, const std::string &saved, bool had) {
+  if (had) setenv(name, saved.c_str(), 1);
+  else unsetenv(name);
+}
+
+// The two client rows from a fresh process (this binary, --client-gpu-rows):
+// its chi_init comes before its first CUDA call, so it joins the MPS
+// daemon the server names.  Named with `tag`; failed rows say why.
+void child_rows(const chi_bench_options &opt, const std::string &address, const std::string &dir,
+                const char *tag, std::vector<chi_bench_row> &out) {
+  const std::string file = dir + "/rows";
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  int rc = -1;
+  if (n > 0) {
+    self[n] = 0;
+    rc = run({self, "--client-gpu-rows", address, file, std::to_string(opt.iters), std::to_string(opt.warmup),
+              std::to_string(opt.payload)});
+  }
+  chi_bench_row got[2];
+  size_t have = 0;
+  if (FILE *f = std::fopen(file.c_str(), "rb")) {
+    have = std::fread(got, sizeof got[0], 2, f);
+    std::fclose(f);
+  }
+  unlink(file.c_str());
+  for (size_t i = 0; i < 2; ++i) {
+    chi_bench_row r;
+    if (i < have) {
+      r = got[i];
+    } else {
+      chi_bench_row_init(&r, i ? "client gpu0->local" : "client gpu0->cpu", CHI_BENCH_LATENCY);
+      chi_bench_row_fail(&r, CHI_ERR_INTERNAL, "the client process exited with %d", rc);
+    }
+    char name[sizeof r.name];
+    std::snprintf(name, sizeof name, "%s (%s)", r.name, tag);
+    std::memcpy(r.name, name, sizeof r.name);
+    r.processes = 1;
+    std::snprintf(r.transport, sizeof r.transport, "shm");
+    out.push_back(r);
+  }
+}
+
 }  // namespace
+
+void client_gpu_mps_rows(const chi_bench_options &opt, const std::string &bin, int32_t workers,
+                         const char *config, std::vector<chi_bench_row> &rows) {
+  if (!on_path("nvidia-cuda-mps-control")) {
+    std::fprintf(stderr, "chimaera-bench: --client-mps: no nvidia-cuda-mps-control on PATH: no MPS rows\n");
+    return;
+  }
+  const char *tmp = std::getenv("TMPDIR");
+  std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/chimaera-bench-mps.XXXXXX";
+  std::vector<char> b(tmpl.begin(), tmpl.end());
+  b.push_back(0);
+  if (!mkdtemp(b.data())) {
+    std::fprintf(stderr, "chimaera-bench: --client-mps: mkdtemp %s: %s\n", tmpl.c_str(), std::strerror(errno));
+    return;
+  }
+  const std::string base = b.data(), pipe = base + "/pipe", logs = base + "/log";
+  mkdir(pipe.c_str(), 0700);
+  mkdir(logs.c_str(), 0700);
+  // Every variable a server or a client process reads from here on, as they were after.
+  const char *names[] = {"CHI_RUNTIME_DIR", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY", "XDG_RUNTIME_DIR",
+                         "CHI_SERVER_MPS"};
+  std::string saved[5];
+  bool had[5];
+  for (int i = 0; i < 5; ++i) {
+    const char *v = std::getenv(names[i]);
+    had[i] = v != nullptr;
+    saved[i] = v ? v : "";
+  }
+  std::vector<chi_bench_row> got;
+  std::string err;
+  // MPS started by hand (what scripts/mps.sh does): the daemon, then the
+  // server and the client with its pipe directory.
+  setenv("CUDA_MPS_PIPE_DIRECTORY", pipe.c_str(), 1);
+  setenv("CUDA_MPS_LOG_DIRECTORY", logs.c_str(), 1);
+  if (run({"nvidia-cuda-mps-control", "-d"}) == 0) {
+    for (int i = 0; i < 500 && !mps_answers(pipe); ++i) usleep(20000);
+    ServerProc srv;
+    ServerListen l;
+    l.suffix = "-mps";
+    if (start_server(bin, workers, config, l, &srv, &err)) child_rows(opt, srv.address, base, "MPS", got);
+    else std::fprintf(stderr, "chimaera-bench: --client-mps: %s\n", err.c_str());
+    stop_server(&srv);
+    (void)run({"nvidia-cuda-mps-control"}, "quit\n");
+  } else {
+    std::fprintf(stderr, "chimaera-bench: --client-mps: nvidia-cuda-mps-control -d failed (logs: %s)\n", logs.c_str());
+  }
+  unsetenv("CUDA_MPS_PIPE_DIRECTORY");
+  unsetenv("CUDA_MPS_LOG_DIRECTORY");
+  // The server's own (server.mps), in a private XDG_RUNTIME_DIR; the
+  // client is told the pipe directory in the handshake.
+  setenv("XDG_RUNTIME_DIR", base.c_str(), 1);
+  setenv("CHI_SERVER_MPS", "true", 1);
+  {
+    ServerProc srv;
+    ServerListen l;
+    l.suffix = "-smps";
+    const bool up = start_server(bin, workers, config, l, &srv, &err);
+    unsetenv("CHI_SERVER_MPS");
+    if (up) child_rows(opt, srv.address, base, "server MPS", got);
+    else std::fprintf(stderr, "chimaera-bench: --client-mps: server.mps: %s\n", err.c_str());
+    stop_server(&srv);  // the last chimaera process out: it stops the daemon
+  }
+  for (int i = 0; i < 5; ++i) restore_env(names[i], saved[i], had[i]);
+  if (std::system(("rm -rf '" + base + "'").c_str()) != 0) { /* a leftover in TMPDIR */ }
+  // Each after the rows of its route, so the variants sit side by side.
+  for (const chi_bench_row &r : got) {
+    const std::string route = std::string(r.name).substr(0, std::string(r.name).find(" ("));
+    auto at = std::find_if(rows.rbegin(), rows.rend(), [&](const chi_bench_row &e) {
+      return std::string(e.name).rfind(route, 0) == 0;
+    });
+    rows.insert(at == rows.rend() ? rows.end() : at.base(), r);
+  }
+}
+
+int client_gpu_rows_main(int argc, char **argv) {
+  // --client-gpu-rows ADDRESS FILE ITERS WARMUP PAYLOAD
+  if (argc != 7) return 2;
+  chi_bench_options opt{};
+  opt.iters = std::strtoull(argv[4], nullptr, 10);
+  opt.warmup = std::strtoull(argv[5], nullptr, 10);
+  opt.payload = uint32_t(std::strtoul(argv[6], nullptr, 10));
+  chi_config_t cfg;
+  chi_config_init(&cfg);
+  cfg.mode = CHI_MODE_CLIENT;
+  cfg.server_address = argv[2];
+  chi_runtime_t *rt = nullptr;
+  const chi_status_t st = chi_init(&cfg, &rt);  // before any CUDA call: joins the server's MPS
+  chi_bench_row got[2];
+  const int n = chi_bench_gpu_client_rows(rt, &opt, st, st == CHI_OK ? "" : chi_last_error_message(), got, 2);
+  if (rt) chi_finalize(rt);
+  FILE *f = std::fopen(argv[3], "wb");
+  if (!f) return 1;
+  const size_t w = std::fwrite(got, sizeof got[0], size_t(n < 0 ? 0 : n), f);
+  std::fclose(f);
+  return w == size_t(n) ? 0 : 1;
+}
 
 std::vector<int> server_transports(const ServerOptions &so) {
   if (so.server != "start") {
@@ -451,6 +652,7 @@ bool run_server_rows(const chi_bench_options &opt, const ServerOptions &so, int3
   }
   // A started server's shm address is always there; an existing one's is the address given.
   if (so.client_gpu) client_gpu_rows(opt, srv.address, start ? kShm : ts.front(), srv.pid, rows);
+  if (so.client_gpu && so.client_mps) client_gpu_mps_rows(opt, bin, workers, config, rows);
 
   uint32_t most = 0;
   for (uint32_t n : so.clients) most = std::max(most, n);

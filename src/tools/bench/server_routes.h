@@ -30,6 +30,18 @@ inline constexpr double kServerTargetFairness = 5.0;        // light p99 flooded
 inline constexpr double kZmqTargetP50Ns = 40000.0;          // round trip, one client
 inline constexpr double kZmqTargetThroughput = 1e6;         // 8 client processes
 
+// --client-mps: the client kernel rows again from a fresh client process
+// under MPS started by hand (a daemon in a private pipe directory) and under
+// the server's own (server.mps), each beside the no-MPS ones, named
+// "client gpu0->... (MPS)" and "(server MPS)".  Without
+// nvidia-cuda-mps-control: a note on stderr and no rows.
+void client_gpu_mps_rows(const chi_bench_options &opt, const std::string &bin, int32_t workers,
+                         const char *config, std::vector<chi_bench_row> &rows);
+// That fresh process: chimaera-bench --client-gpu-rows ADDRESS FILE ITERS
+// WARMUP PAYLOAD (chi_init before any CUDA call, the two rows written to
+// FILE as chi_bench_row records).
+int client_gpu_rows_main(int argc, char **argv);
+
 struct ServerOptions {
   std::string server;            // ADDR, or "start"; empty: no client->server rows
   std::string server_bin;        // --server start: the binary (default: next to this one)
@@ -42,6 +54,7 @@ struct ServerOptions {
   uint64_t idle_ms = 2000;       // idle-CPU window; wake-ups follow idle_ms / 2 of idle
   uint32_t wake_samples = 5;     // wake-up round trips (each on another client)
   uint64_t sample_budget = 4u << 20;  // latency samples kept per run, all clients
+  bool client_mps = false;       // --client-mps: the client rows under MPS by hand and server.mps too
   bool client_gpu = false;       // a client kernel's rows too (main.cpp: set when this
                                  // process's embedded runtime drove a GPU)
 };
