@@ -938,6 +938,35 @@ static int server_mps(const std::string &self) {
   printf("# server.mps: the daemon stayed while the second server ran: %s; gone after both stopped: %s (%.1f s)\n",
          kept ? "yes" : "NO", gone ? "yes" : "NO",
          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  /* MPS started by hand (as scripts/mps.sh does): a server with the key uses
+   * it ("its user") and leaves it running; a client's kernels on every route. */
+  const std::string hand = base + "/hand";
+  mkdir(hand.c_str(), 0700);
+  setenv("CUDA_MPS_PIPE_DIRECTORY", hand.c_str(), 1);
+  setenv("CUDA_MPS_LOG_DIRECTORY", hand.c_str(), 1);
+  bool hand_up = system("nvidia-cuda-mps-control -d") == 0;
+  for (int i = 0; hand_up && i < 500 && !mps_answers(hand); ++i) sleep_ms(20);
+  pid_t c = -1;
+  const std::string c_shm = "shm://chi-mps-c-" + std::to_string(getpid()), c_log2 = base + "-c.log";
+  setenv("CHI_SERVER_MPS", "true", 1);
+  const bool c_up = hand_up && start_server_at(c_shm.c_str(), NULL, c_log2, &c);
+  unsetenv("CHI_SERVER_MPS");
+  const std::string want_c = "\"mps\":true,\"mps_dir\":\"" + hand + "\",\"mps_started_by\":\"its user\"";
+  const bool sc = c_up && chi_server_query(c_shm.c_str(), "status-json", st, sizeof st, &n) == CHI_OK &&
+                  strstr(st, want_c.c_str());
+  const int rh = c_up ? wait_status(spawn({self, "mps-client", c_shm, hand, "fresh"}, nullptr)) : -1;
+  if (c > 0) {
+    kill(c, SIGTERM);
+    wait_status(c);
+  }
+  const bool left = mps_daemon_runs(hand);
+  printf("# MPS by hand: daemon up %s; a server with server.mps uses it: %s; client every route: exit %d; "
+         "left running at the server's stop: %s\n",
+         hand_up ? "yes" : "NO", sc ? "yes" : "NO", rh, left ? "yes" : "NO");
+  if (!hand_up || !sc || rh || !left) rc = 1;
+  if (system("echo quit | nvidia-cuda-mps-control") != 0) fprintf(stderr, "MPS by hand: quit failed\n");
+  unsetenv("CUDA_MPS_PIPE_DIRECTORY");
+  unsetenv("CUDA_MPS_LOG_DIRECTORY");
   if (b_up && !kept) rc = 1;
   if (!gone) {
     rc = 1;
@@ -948,7 +977,7 @@ static int server_mps(const std::string &self) {
   else setenv("XDG_RUNTIME_DIR", saved_xdg.c_str(), 1);
   if (!saved_pipe.empty()) setenv("CUDA_MPS_PIPE_DIRECTORY", saved_pipe.c_str(), 1);
   if (rc == 0) {
-    const std::string rm = "rm -rf '" + base + "' '" + a_log + "' '" + b_log + "' '" + c_log + "'";
+    const std::string rm = "rm -rf '" + base + "' '" + a_log + "' '" + b_log + "' '" + c_log + "' '" + c_log2 + "'";
     if (system(rm.c_str()) != 0) fprintf(stderr, "server.mps: could not remove %s\n", base.c_str());
   } else {
     fprintf(stderr, "server.mps: logs %s %s %s, directory %s\n", a_log.c_str(), b_log.c_str(), c_log.c_str(),
