@@ -363,6 +363,9 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
     return CHI_ERR_TOO_LARGE;
   }
   if (output && osize) {
+    /* Words 2-3 loaded before word 0 are still this reply's if they carry
+     * gen: the host rewrites them with every reply (flag 0 when they carry
+     * no output), so they never hold an older reply of this generation. */
     if (osize <= CHI_DEV_REPLY_LL_OUTPUT && ll_flag(x2) == gen && ll_flag(x3) == gen) {
       const uint4 v = make_uint4(ll_data(x2), ll_data(x3), 0u, 0u);
       store_bytes16(static_cast<uint8_t *>(output), v, osize);
