@@ -58,6 +58,10 @@ if(CHI_HAVE_CUDA)
       CUDA_RUNTIME_LIBRARY Shared)
     target_compile_options(test_gpu_client PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
     target_link_libraries(test_gpu_client PRIVATE CUDA::cudart)
+    # A client SIGKILLed while a server handler reads its device memory (issue 49).
+    add_test(NAME test_gpu_client_mem_kill COMMAND test_gpu_client mem-kill)
+    set_tests_properties(test_gpu_client_mem_kill PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77
+                                                             LABELS "gpu;client;server")
   endif()
   foreach(t test_gpu test_gpu_orchestrator gpu_timing test_gpu_coexist test_gpu_device_submit
             test_gpu_poller_steal test_gpu_park test_gpu_peer test_gpu_ll_cycle)
