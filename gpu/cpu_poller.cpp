@@ -145,17 +145,19 @@ void CpuPoller::reply(uint32_t slot, uint32_t gen, chi_status_t status, const vo
     // Dense, after the header words: the device reads it with plain loads
     // after its acquire load of word 0 sees `gen` (docs/gpu.md).
     if (osize) std::memcpy(reinterpret_cast<unsigned char *>(r + CHI_DEV_LL_HEADER), out, osize);
-    if (osize && osize <= CHI_DEV_REPLY_LL_OUTPUT) {
-      // Also as LL words 2-3, which a waiter's poll reads beside the header:
-      // such a reply is taken in one round trip (device_layout.h).
-      uint32_t w[2] = {0, 0};
-      std::memcpy(w, out, osize);
-      ll_store(r + 2, ll_pack(w[0], gen));
-      ll_store(r + 3, ll_pack(w[1], gen));
-    }
   } else {
     std::memcpy(buf_ + slot * shape_.payload_stride, out, osize);
   }
+  // Words 2-3 carry an output of up to 8 bytes as LL words, which a waiter's
+  // poll reads beside the header: such a reply is taken in one round trip
+  // (device_layout.h).  Written with every reply, zeros (flag 0) when they
+  // carry none: a poll may load them before this reply's, and after 2^24-1
+  // uses of the slot an older reply's words would carry this generation.
+  uint32_t w[2] = {0, 0};
+  const bool ll = osize && osize <= CHI_DEV_REPLY_LL_OUTPUT;
+  if (ll) std::memcpy(w, out, osize);
+  ll_store(r + 2, ll_pack(w[0], ll ? gen : 0));
+  ll_store(r + 3, ll_pack(w[1], ll ? gen : 0));
   ll_store(r + 1, ll_pack(uint32_t(osize), gen));
   ll_store(r, ll_pack(uint32_t(status), gen));
 }

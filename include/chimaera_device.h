@@ -103,9 +103,10 @@ CHI_DEVICE chi_status_t peer_submit(const chi_dev_layout *l, chi_route_t route, 
   const chi_dev_layout *p = peer_layout(l, route);
   if (p == nullptr) return CHI_ERR_NO_DEVICE;
   if (l->flags & CHI_DEV_CTX_ORCHESTRATOR) wait = false;
-  chi_status_t s = local_prepare(p, slot, gen, wait);
+  uint32_t left;
+  chi_status_t s = local_prepare(p, slot, gen, &left, wait);
   if (s != CHI_OK) return s;
-  local_publish(p, *slot, *gen, method, input, input_size, true);
+  local_publish(p, *slot, *gen, left, method, input, input_size, true);
   chi_port::fence_sys(); /* the task and its bell before the gate's count drops */
   gate_leave(p);
   return CHI_OK;
@@ -116,14 +117,14 @@ CHI_DEVICE chi_status_t submit_one(const chi_dev_context_t *ctx, chi_route_t rou
                                    bool wait) {
   if (!future) return CHI_ERR_INVALID;
   *future = 0;
-  uint32_t kind, slot, gen;
+  uint32_t kind, slot, gen, left;
   chi_status_t s = check_submit(ctx, route, method, input, input_size, &kind);
   if (s != CHI_OK) return s;
   const chi_dev_layout *l = layout(ctx);
   uint64_t t;
   if (kind == kKindLocal) {
-    if ((s = local_prepare(l, &slot, &gen, wait)) != CHI_OK) return s;
-    local_publish(l, slot, gen, method, input, input_size);
+    if ((s = local_prepare(l, &slot, &gen, &left, wait)) != CHI_OK) return s;
+    local_publish(l, slot, gen, left, method, input, input_size);
     gate_leave(l);
   } else if (kind == kKindPeer) {
     if ((s = peer_submit(l, route, method, input, input_size, wait, &slot, &gen)) != CHI_OK) return s;
@@ -363,6 +364,9 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
     return CHI_ERR_TOO_LARGE;
   }
   if (output && osize) {
+    /* Words 2-3 loaded before word 0 are still this reply's if they carry
+     * gen: the host rewrites them with every reply (flag 0 when they carry
+     * no output), so they never hold an older reply of this generation. */
     if (osize <= CHI_DEV_REPLY_LL_OUTPUT && ll_flag(x2) == gen && ll_flag(x3) == gen) {
       const uint4 v = make_uint4(ll_data(x2), ll_data(x3), 0u, 0u);
       store_bytes16(static_cast<uint8_t *>(output), v, osize);
@@ -518,9 +522,10 @@ CHI_DEVICE chi_status_t warp_submit(const chi_dev_context_t *ctx, chi_route_t ro
       const chi_dev_layout *l = layout(ctx);
       if (kind == kKindLocal) {
         /* GPU->GPU needs no ticket: each lane publishes its slot and rings its bell. */
-        s = local_prepare(l, &slot, &gen, wait);
+        uint32_t left;
+        s = local_prepare(l, &slot, &gen, &left, wait);
         if (s == CHI_OK) {
-          local_publish(l, slot, gen, method, input, input_size);
+          local_publish(l, slot, gen, left, method, input, input_size);
           gate_leave(l);
           *future = make_future(kind, gen, slot);
         }

@@ -15,6 +15,12 @@ if(CHI_HAVE_CUDA)
   chi_add_test(test_gpu_peer SOURCES gpu/test_gpu_peer.cu GPU TIMEOUT 300 LABELS gpu)
   # Waiting device submits from a full-device grid, chi_dev_release.
   chi_add_test(test_gpu_device_submit SOURCES gpu/test_gpu_device_submit.cu GPU TIMEOUT 300 LABELS gpu)
+  # LL words after a generation cycle of their slot (issue 49): each route that
+  # loads LL words early, the cycle shortened by a test hook; the _full variant
+  # runs the review's recipe, 16,777,214 real tasks (about a minute; label gpu_long).
+  chi_add_test(test_gpu_ll_cycle SOURCES gpu/test_gpu_ll_cycle.cu GPU TIMEOUT 120 LABELS gpu)
+  add_test(NAME test_gpu_ll_cycle_full COMMAND test_gpu_ll_cycle full)
+  set_tests_properties(test_gpu_ll_cycle_full PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77 LABELS "gpu;gpu_long")
   # A CPU handler that blocks its poller: the other pollers steal its part's tasks.
   chi_add_test(test_gpu_poller_steal SOURCES gpu/test_gpu_poller_steal.cu GPU TIMEOUT 300 LABELS gpu)
   # The same with the pollers parked first: the watcher blocks, sleepers steal.
@@ -52,13 +58,18 @@ if(CHI_HAVE_CUDA)
       CUDA_RUNTIME_LIBRARY Shared)
     target_compile_options(test_gpu_client PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
     target_link_libraries(test_gpu_client PRIVATE CUDA::cudart)
+    # A client SIGKILLed while a server handler reads its device memory (issue 49).
+    add_test(NAME test_gpu_client_mem_kill COMMAND test_gpu_client mem-kill)
+    set_tests_properties(test_gpu_client_mem_kill PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77
+                                                             LABELS "gpu;client;server")
   endif()
   foreach(t test_gpu test_gpu_orchestrator gpu_timing test_gpu_coexist test_gpu_device_submit
-            test_gpu_poller_steal test_gpu_park test_gpu_peer)
+            test_gpu_poller_steal test_gpu_park test_gpu_peer test_gpu_ll_cycle)
     set_target_properties(${t} PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
     target_compile_options(${t} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
   endforeach()
-  foreach(t test_gpu gpu_timing test_gpu_coexist test_gpu_device_submit test_gpu_poller_steal test_gpu_park test_gpu_peer)
+  foreach(t test_gpu gpu_timing test_gpu_coexist test_gpu_device_submit test_gpu_poller_steal test_gpu_park test_gpu_peer
+            test_gpu_ll_cycle)
     set_target_properties(${t} PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
     target_link_libraries(${t} PRIVATE CUDA::cudart)
   endforeach()

@@ -91,8 +91,15 @@ chi_status_t reply(const Ring &r, uint32_t slot, void *out, uint32_t *n) {
       assert_int_equal(ll_flag(w3), r.gens[slot]);
       uint32_t ll[2] = {ll_data(w2), ll_data(w3)};
       assert_memory_equal(ll, out, *n);
+    } else {
+      // Otherwise they carry no generation: a poll may load them before the
+      // next reply of this slot, so they must never keep an older one's.
+      assert_int_equal(ll_flag(ll_load(rec + 2)), 0);
+      assert_int_equal(ll_flag(ll_load(rec + 3)), 0);
     }
   } else {
+    assert_int_equal(ll_flag(ll_load(rec + 2)), 0);
+    assert_int_equal(ll_flag(ll_load(rec + 3)), 0);
     memcpy(out, r.l.d2h_buf + uint64_t(slot) * r.l.payload_stride, *n);
   }
   return s;
@@ -166,6 +173,24 @@ void test_routes(void **) {
     // ... and is on no GPU route.
     put(*r, CHI_ROUTE_LOCAL, mine, &v, 8, 7);
     assert_status(CHI_ERR_NOT_FOUND, reply(*r, 7, out, &n));
+    // Reply words 2-3 after a generation cycle of the slot (issue 49): an
+    // 8-byte reply of generation g, a 16-byte one, then the slot back at g
+    // (as after 2^24-1 uses).  A kernel's poll before the new reply must not
+    // find words 2-3 carrying g: it would take the old output as the new.
+    v = 5;
+    const uint32_t g = put(*r, CHI_ROUTE_CPU, mine, &v, 8, 12);
+    assert_status(CHI_OK, reply(*r, 12, out, &n));
+    put(*r, CHI_ROUTE_CPU, CHI_METHOD_ADD, in, sizeof in, 12);
+    assert_status(CHI_OK, reply(*r, 12, out, &n));
+    r->gens[12] = g > 1 ? g - 1 : 0xFFFFFFu;
+    const uint64_t *rec12 = r->l.d2h_reply + 12u * CHI_DEV_LL_WORDS;
+    assert_int_not_equal(ll_flag(ll_load(rec12 + 2)), g);
+    assert_int_not_equal(ll_flag(ll_load(rec12 + 3)), g);
+    v = 7;
+    assert_int_equal(put(*r, CHI_ROUTE_CPU, mine, &v, 8, 12), g);
+    assert_status(CHI_OK, reply(*r, 12, out, &n));
+    memcpy(&v, out, 8);
+    assert_true(n == 8 && v == 21);
     // Refusals come back at the wait: an unknown method, a GPU the server lacks.
     put(*r, CHI_ROUTE_CPU, 0x3FFFFF00u, in, sizeof in, 8);
     assert_status(CHI_ERR_NOT_FOUND, reply(*r, 8, out, &n));

@@ -16,7 +16,7 @@
 
 #include "chimaera.h"
 
-#define CHI_DEV_ABI_VERSION 10u
+#define CHI_DEV_ABI_VERSION 11u
 /* The context's first word: "CH" and the ABI version (since ABI 9; it was
  * "CHID" before), so a kernel built against another chimaera_device.h gets
  * CHI_ERR_INVALID from every device call instead of running an older
@@ -31,7 +31,8 @@
  * An output of up to CHI_DEV_REPLY_LL_OUTPUT bytes is also in words 2-3 as
  * LL words, written before word 1, so that a waiter's poll can take it with
  * the header; a reader that finds them without the generation uses the dense
- * copy. */
+ * copy.  Since ABI 11 words 2-3 are written with every reply, zeros (flag 0)
+ * when they carry no output, so they never keep an older reply's flag. */
 #define CHI_DEV_LL_WORDS 32u
 #define CHI_DEV_LL_HEADER 4u
 #define CHI_DEV_LL_INLINE 112u
@@ -49,7 +50,9 @@
  * has it all, with no fence on either side.  A larger input or output is
  * plain bytes, written before a release fence and the request or reply
  * words.  The LL words have their own place: plain bytes of an earlier task
- * could carry any flag. */
+ * could carry any flag.  Since ABI 11 a writer of an LL area also zeroes
+ * (flag 0) the words the slot's previous task left past its own payload, so
+ * no word keeps a flag that its slot's generation could come back to. */
 #define CHI_DEV_SLOT_HEADER 320u
 #define CHI_DEV_D2D_LL_BYTES 64u
 #define CHI_DEV_D2D_REQ_WORD 0u
@@ -80,7 +83,7 @@
  * through the GPU->CPU ring and the client's relay forwards them; without
  * CHI_DEV_CTX_CLIENT_ORCH every route does, and d2d_* and gate are NULL. */
 #define CHI_DEV_CTX_RELAY 2u
-/* With CHI_DEV_CTX_RELAY, since ABI 10 (a flag older device code ignores:
+/* With CHI_DEV_CTX_RELAY, since ABI 11 (a flag older device code ignores:
  * it relays everything): the client runs an orchestrator of its own on this
  * GPU (gpu.client_orchestrator), and d2d_*, gate, wait_line[0..1] and diag
  * are its.  A GPU->GPU task for this GPU (CHI_ROUTE_LOCAL, CHI_ROUTE_GPU_ANY

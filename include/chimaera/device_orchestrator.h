@@ -197,13 +197,14 @@ constexpr uint64_t kInputWaitNs = 100000000ull;
  * read it, `mine`, and reads it again if it did not carry gen yet), or past
  * 64 bytes in place after an acquire; the handler with its output in the
  * slot's plain output area.  An output of up to 64 bytes then goes into LL
- * words and the reply words follow here (returns 0); a larger one stays in
- * place and the reply words wait for serve_bells' one release fence per
- * pass (returns {output size} << 32 | {status}). */
+ * words, the LL output words the slot's previous task left past it (up to
+ * `oleft`, ll_left) are zeroed, and the reply words follow here (returns 0);
+ * a larger one stays in place and the reply words wait for serve_bells' one
+ * release fence per pass (returns {output size} << 32 | {status}). */
 template <class D>
 CHI_DEVICE_NOINLINE uint64_t run_local_task(const chi_dev_orch_state_t *st, uint32_t slot, uint32_t gen,
-                                            uint32_t method, uint32_t input_size, uint64_t mine, uint32_t lane,
-                                            uint8_t *in) {
+                                            uint32_t method, uint32_t input_size, uint64_t mine, uint32_t oleft,
+                                            uint32_t lane, uint8_t *in) {
   const chi_dev_layout *l = layout(&st->ctx);
   chi_dev_request_t r;
   r.method = method;
@@ -244,10 +245,12 @@ CHI_DEVICE_NOINLINE uint64_t run_local_task(const chi_dev_orch_state_t *st, uint
   chi_port::syncwarp();
   if (s == CHI_OK) s = run_handler<D>(st, &r, lane);
   const uint32_t osize = s == CHI_ERR_PROTOCOL ? 0u : r.output_size;
-  if (osize <= CHI_DEV_D2D_LL_BYTES) {
-    if (lane < round_words(osize))
-      chi_port::ll_store8_dev(d2d_out_ll(l, slot) + lane, ll_pack(reinterpret_cast<const uint32_t *>(dst)[lane], gen));
-  } else {
+  const uint32_t onw = osize <= CHI_DEV_D2D_LL_BYTES ? static_cast<uint32_t>(round_words(osize)) : 0u;
+  if (lane < onw)
+    chi_port::ll_store8_dev(d2d_out_ll(l, slot) + lane, ll_pack(reinterpret_cast<const uint32_t *>(dst)[lane], gen));
+  else if (lane < oleft)
+    chi_port::ll_store8_dev(d2d_out_ll(l, slot) + lane, 0u);
+  if (osize > CHI_DEV_D2D_LL_BYTES) {
     /* Plain bytes, in place: the reply words wait for the pass's one release
      * fence (serve_bells), so a pass of large tasks pays one fence, not one each. */
     return (static_cast<uint64_t>(osize) << 32) | static_cast<uint32_t>(s);
@@ -318,10 +321,11 @@ CHI_DEVICE_NOINLINE uint64_t wait_ll_word(const uint64_t *w, uint32_t gen, bool 
 }
 /* One thread: the GPU->GPU task of generation gen in `slot`, a solo
  * built-in (solo_builtin), whose input LL words the scan read into x: the
- * handler, then its output's LL words and the reply words, straight from
- * the thread's own registers (no look back at device memory). */
+ * handler, then its output's LL words (zeros past them up to `oleft`, as
+ * run_local_task) and the reply words, straight from the thread's own
+ * registers (no look back at device memory). */
 CHI_DEVICE void run_solo_task(const chi_dev_layout *l, uint32_t slot, uint32_t gen, uint32_t method,
-                              uint32_t input_size, const uint64_t *x) {
+                              uint32_t input_size, const uint64_t *x, uint32_t oleft) {
   uint32_t in[kD2dLlWords], out[kD2dLlWords];
   const uint32_t nw = static_cast<uint32_t>(round_words(input_size));
   bool late = false;
@@ -347,6 +351,7 @@ CHI_DEVICE void run_solo_task(const chi_dev_layout *l, uint32_t slot, uint32_t g
 #pragma unroll
   for (uint32_t j = 0; j < kD2dLlWords; j += 2u)
     if (j < onw) chi_port::ll_store16_dev(ow + j, ll_pack(out[j], gen), ll_pack(out[j + 1u], gen));
+    else if (j < oleft) chi_port::ll_store16_dev(ow + j, 0u, 0u);
   chi_port::ll_store16_dev(d2d_words(l, slot) + CHI_DEV_D2D_REPLY_WORD, ll_pack(static_cast<uint32_t>(s), gen),
                            ll_pack(osize, gen));
 }
@@ -406,8 +411,10 @@ CHI_DEVICE bool deal_tasks(uint32_t lane, uint32_t w, uint32_t *todo, uint32_t *
  * other tasks one after another, then marks them all DONE (finish_local, one CAS per
  * lane, in flight at once) and updates its copy.  A bit whose request is
  * not there yet stays for the next call.  Relaxed loads throughout: the LL
- * flags tell what is there, and an input in plain bytes is read after an
- * acquire fence.  Returns the tasks run; *left: bits left so (may be NULL). */
+ * flags tell what is there (an input word loaded before its submitter's
+ * store landed carries an older flag, never gen: ll_left), and an input in
+ * plain bytes is read after an acquire fence.  Returns the tasks run;
+ * *left: bits left so (may be NULL). */
 template <class D>
 CHI_DEVICE_NOINLINE uint32_t serve_bells(const chi_dev_orch_state_t *st, uint32_t first, uint32_t stride,
                                          uint32_t lane, uint8_t *in, uint32_t *left) {
@@ -454,13 +461,15 @@ CHI_DEVICE_NOINLINE uint32_t serve_bells(const chi_dev_orch_state_t *st, uint32_
       }
       const uint32_t gen = ll_flag(q0);
       const bool ready = has && gen != 0u && ll_flag(q1) == gen && ll_flag(p0) != gen && ll_flag(p1) != gen;
+      /* How far the slot's last task wrote its LL output (reply word 3). */
+      const uint32_t oleft = ll_left(p1, prev_gen(gen));
       if (has && !ready) ++waiting;
       /* Solo built-ins run on their own lanes, a lone one too: from the
        * scan's registers, with no trip through the scratch input and the
        * slot's plain output that the warp path makes (H200, 2026-11-27:
        * the lone echo's p50 0.26-0.28 us lower at 8 and 64 bytes). */
       const bool solo = ready && solo_builtin(ll_data(q0), ll_data(q1));
-      if (solo) run_solo_task(l, slot, gen, ll_data(q0), ll_data(q1), x);
+      if (solo) run_solo_task(l, slot, gen, ll_data(q0), ll_data(q1), x, oleft);
       const chi_port::lanemask_t go = chi_port::ballot(ready && !solo);
       uint64_t held = 0; /* lane k: task k's {output size, status} when its reply words wait */
       for (chi_port::lanemask_t m = go; m; m &= m - 1u) {
@@ -474,7 +483,7 @@ CHI_DEVICE_NOINLINE uint32_t serve_bells(const chi_dev_orch_state_t *st, uint32_
         }
         const uint64_t r = run_local_task<D>(st, chi_port::shfl(slot, k), chi_port::shfl(gen, k),
                                              chi_port::shfl(ll_data(q0), k), chi_port::shfl(ll_data(q1), k), mine,
-                                             lane, in);
+                                             chi_port::shfl(oleft, k), lane, in);
         if (static_cast<int>(lane) == k) held = r;
       }
       if (chi_port::ballot(held != 0u)) {

@@ -47,6 +47,7 @@ CHI_DEVICE uint32_t next_gen(uint32_t g) {
   g = (g + 1u) & 0xFFFFFFu;
   return g ? g : 1u;
 }
+CHI_DEVICE uint32_t prev_gen(uint32_t g) { return g > 1u ? g - 1u : 0xFFFFFFu; }
 /* Device futures: tag (8) | kind (4) | GPU of a peer future (4) | generation (24) | slot + 1 (24). */
 constexpr int32_t kMaxPeerGpus = 16;
 CHI_DEVICE chi_future_t make_future(uint32_t kind, uint32_t gen, uint32_t slot, uint32_t gpu = 0u) {
@@ -374,6 +375,24 @@ CHI_DEVICE uint8_t *d2d_out(const chi_dev_layout *l, uint32_t slot) {
 }
 constexpr uint32_t kD2dLlWords = CHI_DEV_D2D_LL_BYTES / 4u;
 
+/* A slot's LL areas (input, output) never hold a word that carries the
+ * generation of the task about to use them (docs/gpu.md, "Why a repeated
+ * generation is harmless"): each writer stores its payload's words with its
+ * generation and zeros (flag 0, never a generation) into the words the
+ * slot's previous task left beyond them.  So any word that carries a task's
+ * generation is that task's, whenever a reader loaded it.  ll_extent: the
+ * words a task of `bytes` leaves (written in pairs; none for a plain
+ * payload over CHI_DEV_D2D_LL_BYTES, whose writer cleared them).  ll_left:
+ * those of the slot's previous task, from its size word `w` (request word 1
+ * for the input, reply word 3 for the output), which carries the previous
+ * generation `prev`; any other flag: all of them. */
+CHI_DEVICE uint32_t ll_extent(uint32_t bytes) {
+  return bytes > CHI_DEV_D2D_LL_BYTES ? 0u : static_cast<uint32_t>(round_words(bytes) + 1u) & ~1u;
+}
+CHI_DEVICE uint32_t ll_left(uint64_t w, uint32_t prev) {
+  return ll_flag(w) == prev ? ll_extent(ll_data(w)) : kD2dLlWords;
+}
+
 /* load_word and store_word out of line, for the unaligned and partial
  * words of the LL copies below: those stay short inlined (code a waiting
  * kernel runs once per task is fetched anew each time; on an H200 the
@@ -386,8 +405,9 @@ CHI_DEVICE_NOINLINE void ll_bytes_slow(uint8_t *d, uint32_t x, uint32_t m) { sto
 
 /* Writes n (<= CHI_DEV_D2D_LL_BYTES) bytes of src to dst as LL words with
  * `flag`: every data word loaded first (plain loads, in flight at once),
- * then 16-byte stores. */
-CHI_DEVICE void ll_put(uint64_t *dst, const void *src, uint32_t n, uint32_t flag) {
+ * then 16-byte stores; the words from there up to `left` (the previous
+ * writer's ll_extent) get zeros. */
+CHI_DEVICE void ll_put(uint64_t *dst, const void *src, uint32_t n, uint32_t flag, uint32_t left = 0u) {
   const uint8_t *in = static_cast<const uint8_t *>(src);
   const uint32_t nw = static_cast<uint32_t>(round_words(n));
   const bool a4 = (reinterpret_cast<uintptr_t>(in) & 3u) == 0;
@@ -398,6 +418,7 @@ CHI_DEVICE void ll_put(uint64_t *dst, const void *src, uint32_t n, uint32_t flag
 #pragma unroll
   for (uint32_t j = 0; j < kD2dLlWords; j += 2u)
     if (j < nw) chi_port::ll_store16_dev(dst + j, ll_pack(v[j], flag), ll_pack(v[j + 1u], flag));
+    else if (j < left) chi_port::ll_store16_dev(dst + j, 0u, 0u);
 }
 /* The first n (<= CHI_DEV_D2D_LL_BYTES) bytes of LL words w to dst. */
 CHI_DEVICE void ll_get(void *dst, const uint64_t *w, uint32_t n) {
@@ -435,14 +456,17 @@ CHI_DEVICE int32_t d2d_other_bell(const chi_dev_layout *l, int32_t s) {
   return got;
 }
 
-/* GPU->GPU, step 1, called outside the gate: a free slot and its next
- * generation.  CHI_OK: the caller is inside the gate and publishes
+/* GPU->GPU, step 1, called outside the gate: a free slot, its next
+ * generation and how far its previous task's LL input reached (*left, for
+ * local_publish; its request word is loaded beside the state word, in the
+ * same round trip).  CHI_OK: the caller is inside the gate and publishes
  * (local_publish), then calls gate_leave.  Any other status: outside,
  * nothing taken (CHI_ERR_AGAIN: no slot in time, or the orchestrator stepped
  * aside and did not come back in time).  A submit that waits for a slot
  * waits outside the gate, so that an orchestrator stepping aside never waits
  * for it.  A handler's submit takes a slot that another worker serves. */
-CHI_DEVICE chi_status_t local_prepare(const chi_dev_layout *l, uint32_t *slot, uint32_t *gen, bool wait) {
+CHI_DEVICE chi_status_t local_prepare(const chi_dev_layout *l, uint32_t *slot, uint32_t *gen, uint32_t *left,
+                                      bool wait) {
   int32_t s;
   for (;;) {
     /* The gate and the first slot guess in one round trip. */
@@ -461,19 +485,26 @@ CHI_DEVICE chi_status_t local_prepare(const chi_dev_layout *l, uint32_t *slot, u
     if (!gate_wait(l, wait)) return CHI_ERR_AGAIN;
   }
   *slot = static_cast<uint32_t>(s);
-  *gen = next_gen(chi_port::ld_relaxed_dev(l->d2d_state + s) >> 8);
+  const uint32_t last = chi_port::ld_relaxed_dev(l->d2d_state + s) >> 8;
+  const uint64_t req = chi_port::ll_load8_dev(d2d_words(l, *slot) + CHI_DEV_D2D_REQ_WORD + 1u);
+  *gen = next_gen(last);
+  *left = ll_left(req, last);
   return CHI_OK;
 }
 
 /* GPU->GPU, step 2, inside the gate: the task in the slot (the input, then
- * the request words, all flagged with gen: no fence up to 64 bytes), the
- * state word, and the bell, fire and forget.  The orchestrator worker that
- * serves the slot's bell word sees the bit flip, then the request words. */
-CHI_DEVICE void local_publish(const chi_dev_layout *l, uint32_t slot, uint32_t gen, chi_method_t method,
-                              const void *input, uint32_t input_size, bool peer = false) {
+ * the request words, all flagged with gen: no fence up to 64 bytes; the LL
+ * input words the previous task left past this input cleared, `left` from
+ * local_prepare), the state word, and the bell, fire and forget.  The
+ * orchestrator worker that serves the slot's bell word sees the bit flip,
+ * then the request words. */
+CHI_DEVICE void local_publish(const chi_dev_layout *l, uint32_t slot, uint32_t gen, uint32_t left,
+                              chi_method_t method, const void *input, uint32_t input_size, bool peer = false) {
   if (input_size <= CHI_DEV_D2D_LL_BYTES) {
-    if (input_size) ll_put(d2d_in_ll(l, slot), input, input_size, gen);
+    if (input_size || left) ll_put(d2d_in_ll(l, slot), input, input_size, gen, left);
   } else {
+    uint64_t *w = d2d_in_ll(l, slot);
+    for (uint32_t j = 0; j < left; j += 2u) chi_port::ll_store16_dev(w + j, 0u, 0u);
     thread_copy(d2d_in(l, slot), input, input_size);
     /* the bytes before the request words (another GPU's slot: system scope) */
     if (peer) chi_port::fence_sys();
@@ -501,7 +532,9 @@ CHI_DEVICE bool ll_all(const d2d_reply *r, uint32_t nw, uint32_t gen) {
 /* One poll: the header words and the output words of up to `want` bytes
  * (<= CHI_DEV_D2D_LL_BYTES) that do not carry gen yet, all loads in flight
  * at once.  True once the header words carry gen and, for an output of up
- * to `want` bytes, every word of it does. */
+ * to `want` bytes, every word of it does.  A word kept from an earlier poll,
+ * while the task was still queued, is this task's if it carries gen: no
+ * older word of the slot does (ll_left). */
 CHI_DEVICE bool local_poll(const chi_dev_layout *l, uint32_t slot, uint32_t gen, uint32_t want, d2d_reply *r) {
   const uint64_t *hw = d2d_words(l, slot) + CHI_DEV_D2D_REPLY_WORD;
   const uint64_t *ow = d2d_out_ll(l, slot);
@@ -516,7 +549,8 @@ CHI_DEVICE bool local_poll(const chi_dev_layout *l, uint32_t slot, uint32_t gen,
   return osize > want || ll_all(r, static_cast<uint32_t>(round_words(osize)), gen);
 }
 /* The LL output words of a reply whose header words carry gen, read again
- * (all at once) until each carries gen too. */
+ * (all at once) until each carries gen too (the orchestrator stores them
+ * before the header words, with no fence: they may land after them). */
 CHI_DEVICE void ll_finish(const chi_dev_layout *l, uint32_t slot, uint32_t gen, d2d_reply *r, uint32_t osize) {
   const uint64_t *ow = d2d_out_ll(l, slot);
   const uint32_t nw = static_cast<uint32_t>(round_words(osize));

@@ -176,10 +176,11 @@ __global__ void k_device_route(chi_dev_context_t ctx, chi_route_t route, chi_met
     d2d_reply r = {};
     uint32_t seen = 0;
     if (kind == kKindLocal) {
-      s = local_prepare(l, &slot, &gen, true);
+      uint32_t left = 0;
+      s = local_prepare(l, &slot, &gen, &left, true);
       t[kPrepared] = chi_port::timer_ns();
       if (s == CHI_OK) {
-        local_publish(l, slot, gen, method, in, payload);
+        local_publish(l, slot, gen, left, method, in, payload);
         gate_leave(l);
       }
       t[kPublished] = chi_port::timer_ns();

@@ -24,6 +24,10 @@
  * it, one that did is warned and still served, a client SIGKILLed mid-kernel
  * leaves the server serving, and the daemon is gone after both servers
  * stopped (skipped without nvidia-cuda-mps-control).
+ * `mem-kill` (its own ctest, test_gpu_client_mem_kill): a client SIGKILLed
+ * while a server handler (CPU with kernels, then GPU) still reads its device
+ * memory; the memory stays mapped until the task ended and the server keeps
+ * its GPU (issue 49).
  * One program in several roles (argv[1]); the controller (no argument) never
  * touches CUDA itself.  Exit 77 without a usable GPU.
  * Extra roles for lab/lab recipe client-check (not run by ctest):
@@ -680,6 +684,52 @@ static void sleep_ms(int ms) {
   nanosleep(&ts, NULL);
 }
 
+/* A client whose device memory a server handler is still reading when the
+ * client is SIGKILLed (issue 49, defect 2): registers 4 KiB of its device
+ * memory, submits test.mem_hold (a CPU handler whose kernels read it, `cpu`)
+ * or test.gpu_mem_hold (a GPU handler, `gpu`) for hold_ms, says "R" once
+ * the handler's second pass is seen in its memory, and waits to be killed.
+ * 1 on an error, 77 without a GPU. */
+static int client_mem_hold(const char *address, bool gpu_handler, uint64_t hold_ms) {
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) return 77;
+  chi_runtime_t *rt = connect(address);
+  if (!rt) return 1;
+  const size_t n = 4096;
+  std::vector<uint8_t> host(n);
+  for (size_t i = 0; i < n; ++i) host[i] = i < 8 ? 0 : (uint8_t)(i * 11 + 3);
+  uint8_t *d = NULL;
+  uint64_t region = 0;
+  chi_method_t m = 0;
+  if (cudaMalloc(&d, 1u << 20) != cudaSuccess || cudaMemcpy(d, host.data(), n, cudaMemcpyHostToDevice) != cudaSuccess ||
+      chi_register_gpu_mem(rt, 0, d, n, &region) != CHI_OK ||
+      chi_method_lookup(rt, gpu_handler ? "test.gpu_mem_hold" : "test.mem_hold", &m) != CHI_OK) {
+    fprintf(stderr, "mem-hold: setup: %s\n", chi_last_error_message());
+    return 1;
+  }
+  struct {
+    chi_mem_ref_t ref;
+    uint64_t hold;
+  } a = {{region, 0, n}, gpu_handler ? hold_ms * 1000000u : hold_ms};
+  chi_future_t f;
+  if (chi_submit(rt, gpu_handler ? CHI_ROUTE_GPU(0) : CHI_ROUTE_CPU, m, &a, sizeof a, &f) != CHI_OK) {
+    fprintf(stderr, "mem-hold: submit: %s\n", chi_last_error_message());
+    return 1;
+  }
+  uint64_t pass = 0;
+  for (int i = 0; i < 20000 && pass < 2; ++i) {
+    if (cudaMemcpy(&pass, d, 8, cudaMemcpyDeviceToHost) != cudaSuccess) return 1;
+    if (pass < 2) sleep_ms(1);
+  }
+  if (pass < 2) {
+    fprintf(stderr, "mem-hold: the handler did not start reading within 20 s\n");
+    return 1;
+  }
+  printf("R\n");
+  fflush(stdout);
+  for (;;) pause();
+}
+
 static std::string g_server_log;
 
 /* A server on shm:// and ipc:// with the device memory module, logging (info)
@@ -737,8 +787,6 @@ static int share(const std::string &self, int n, const char *address) {
   return 0;
 }
 
-/* ---- MPS run by the server (server.mps) ---- */
-
 static std::string read_file(const std::string &path) {
   std::string text;
   if (FILE *f = fopen(path.c_str(), "r")) {
@@ -749,6 +797,8 @@ static std::string read_file(const std::string &path) {
   }
   return text;
 }
+
+/* ---- MPS run by the server (server.mps) ---- */
 
 /* Whether an MPS control daemon answers at dir/control. */
 static bool mps_answers(const std::string &dir) {
@@ -986,7 +1036,80 @@ static int server_mps(const std::string &self) {
   return rc;
 }
 
-static int controller(const std::string &self) {
+/* Where the k-th (from 0) `what` starts in text, or npos. */
+static size_t nth(const std::string &text, const char *what, size_t k) {
+  size_t at = text.find(what);
+  for (; at != std::string::npos && k; --k) at = text.find(what, at + 1);
+  return at;
+}
+
+/* A client SIGKILLed while a server handler reads its device memory (issue
+ * 49, defect 2), once with a CPU handler whose kernels read it
+ * (test.mem_hold) and once with a GPU handler in the orchestrator
+ * (test.gpu_mem_hold), each reading for 2 s.  The region must stay mapped
+ * until the handler's task ended: the server logs it unregistered only
+ * after the handler (whose every read must be right) and at least 1 s after
+ * the kill; then the server still has its GPU: its orchestrator is not
+ * failed, and a new client's kernels on every route and its device memory
+ * through both handlers work.  Before the fix the region went at the kill,
+ * and the handler's next read of it was a sticky CUDA error. */
+static int mem_kill(const std::string &self, const char *shm) {
+  const char *gone = "device memory region(s) unregistered";
+  int rc = 0;
+  for (const char *kind : {"cpu", "gpu"}) {
+    const std::string before = read_file(g_server_log);
+    size_t gone0 = 0; /* such lines of earlier clients */
+    while (nth(before, gone, gone0) != std::string::npos) ++gone0;
+    int fd;
+    const pid_t c = spawn({self, "mem-hold", shm, kind, "2000"}, &fd);
+    const bool said = ready(fd);
+    const auto t_kill = std::chrono::steady_clock::now();
+    kill(c, SIGKILL);
+    const int r = wait_status(c);
+    close(fd);
+    std::string log;
+    size_t at_gone = std::string::npos;
+    for (int i = 0; i < 400 && at_gone == std::string::npos; ++i) {
+      log = read_file(g_server_log);
+      at_gone = nth(log, gone, gone0);
+      if (at_gone == std::string::npos) sleep_ms(25);
+    }
+    const double after = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_kill).count();
+    bool right = said && r == 128 + SIGKILL && at_gone != std::string::npos && after >= 1.0;
+    if (!strcmp(kind, "cpu")) {
+      /* The CPU handler says how it ended, before the region goes. */
+      const size_t at_end = log.rfind("test.mem_hold: region");
+      const size_t eol = at_end == std::string::npos ? at_end : log.find('\n', at_end);
+      const std::string end_line = at_end == std::string::npos ? "(none)" : log.substr(at_end, eol - at_end);
+      printf("# mem-kill cpu: handler: %s\n", end_line.c_str());
+      right = right && end_line.find("ended after") != std::string::npos &&
+              end_line.find("every read right") != std::string::npos && at_end < at_gone;
+    }
+    char status[8192];
+    size_t slen = 0;
+    const bool failed = chi_server_query(shm, "status-json", status, sizeof status, &slen) != CHI_OK ||
+                        strstr(status, "\"state\":\"failed\"") != NULL;
+    const int routes = wait_status(spawn({self, "routes", shm, "4", "20"}, nullptr));
+    const int mem = wait_status(spawn({self, "mem", shm}, nullptr));
+    printf("# mem-kill %s: client SIGKILLed mid-task (said ready %s, exit %d), region unregistered %s %.2f s after "
+           "the kill; GPU %s; next client's routes exit %d, device memory exit %d\n",
+           kind, said ? "yes" : "NO", r, at_gone != std::string::npos ? "at" : "NOT SEEN in", after,
+           failed ? "FAILED" : "fine", routes, mem);
+    if (!right || failed || routes || mem) rc = 1;
+  }
+  return rc;
+}
+
+static int stop_server(pid_t srv, int rc) {
+  kill(srv, SIGTERM);
+  wait_status(srv);
+  if (rc == 0) unlink(g_server_log.c_str());
+  else fprintf(stderr, "server log: %s\n", g_server_log.c_str());
+  return rc;
+}
+
+/* mem_kill_only: the mem-kill case alone (its own ctest). */
+static int controller(const std::string &self, bool mem_kill_only) {
   char shm[96], ipc[128];
   snprintf(shm, sizeof shm, "shm://chi-client-gpu-%d", (int)getpid());
   snprintf(ipc, sizeof ipc, "ipc:///tmp/chi-client-gpu-%d.ipc", (int)getpid());
@@ -1005,6 +1128,7 @@ static int controller(const std::string &self) {
     unlink(g_server_log.c_str());
     return 77;
   }
+  if (mem_kill_only) return stop_server(srv, mem_kill(self, shm));
   int rc = 0;
   for (const char *a : {(const char *)shm, (const char *)ipc}) {
     const int r = wait_status(spawn({self, "routes", a, "8", "50", "edges"}, nullptr));
@@ -1084,11 +1208,7 @@ static int controller(const std::string &self) {
       if (!start_server(shm, ipc, &srv)) rc = 1;
     }
   }
-  kill(srv, SIGTERM);
-  wait_status(srv);
-  if (rc == 0) unlink(g_server_log.c_str());
-  else fprintf(stderr, "server log: %s\n", g_server_log.c_str());
-  return rc;
+  return stop_server(srv, rc);
 }
 
 int main(int argc, char **argv) {
@@ -1108,5 +1228,7 @@ int main(int argc, char **argv) {
   if (argc >= 3 && !strcmp(argv[1], "mem-die")) return client_mem(argv[2], true);
   if (argc >= 4 && !strcmp(argv[1], "share")) return share(self, atoi(argv[2]), argv[3]);
   if (argc >= 2 && !strcmp(argv[1], "lat")) return latency(argc >= 3 ? argv[2] : NULL);
-  return controller(self);
+  if (argc >= 5 && !strcmp(argv[1], "mem-hold"))
+    return client_mem_hold(argv[2], !strcmp(argv[3], "gpu"), strtoull(argv[4], NULL, 10));
+  return controller(self, argc >= 2 && !strcmp(argv[1], "mem-kill"));
 }
