@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Quick start, command 2: set up (every package the tests use), build
-# everything, and run every test suite: the main
+# everything (the lab's programs too: -DCHI_BUILD_LAB=ON), and run every
+# test suite: the main
 # build's ctest (C, Rust, Fortran, install, GPU programs skipped without a
 # GPU), then the HIP build (scripts/hip-check.sh: library, GPU tests and
 # examples through Debian's hipcc; skipped without an AMD GPU), then the
