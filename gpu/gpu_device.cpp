@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "chimaera/device_diag.h"
 #include "base/error.h"
 #include "base/futex.h"
 #include "base/log.h"

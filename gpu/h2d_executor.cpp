@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "base/futex.h"
 #include "core/runtime.h"
+#include "core/slot_word.h"
 #include "core/stats.h"
 #include "gpu/cpu_poller.h"
 #include "gpu/ll.h"
@@ -58,7 +59,7 @@ H2dExecutor::H2dExecutor(Runtime &rt, int32_t gpu, const Shape &shape, uint64_t 
   free_.init(shape.h2d_slots, kFreeShards);
   // Dealt round the shards, so that every thread starts with some of its own.
   for (uint32_t i = shape.h2d_slots; i-- > 0;) {
-    state_[i].store(0, std::memory_order_relaxed);
+    state_[i].store(slot::word(0, slot::kFree), std::memory_order_relaxed);
     method_[i] = 0;
     free_.push(i % kFreeShards, i);
   }
@@ -68,8 +69,7 @@ chi_status_t H2dExecutor::check(uint32_t slot, uint32_t gen, uint32_t state) con
   if (slot >= shape_.h2d_slots)
     return set_error(CHI_ERR_INVALID, "GPU %d: future names slot %u of %u", gpu_, slot,
                      shape_.h2d_slots);
-  uint32_t w = state_[slot].load(std::memory_order_acquire);
-  if ((w >> 8) != gen || (w & 0xFF) != state)
+  if (state_[slot].load(std::memory_order_acquire) != slot::word(gen, state))
     return set_error(CHI_ERR_INVALID, "GPU %d: stale or already consumed future", gpu_);
   return CHI_OK;
 }
@@ -79,8 +79,7 @@ bool H2dExecutor::finished(uint32_t slot, uint32_t gen) const {
 }
 
 void H2dExecutor::recycle(uint32_t slot) {
-  uint32_t w = state_[slot].load(std::memory_order_relaxed);
-  state_[slot].store(w & ~0xFFu, std::memory_order_release);  // same generation, free
+  slot::set_free(state_[slot]);
   free_.push(thread_index() % kFreeShards, slot);
 }
 
@@ -90,7 +89,7 @@ void H2dExecutor::reap() {
   size_t keep = 0;
   for (uint32_t slot : released_) {
     uint32_t w = state_[slot].load(std::memory_order_acquire);
-    if ((w & 0xFF) == kReleased && finished(slot, w >> 8)) {
+    if (slot::state_of(w) == slot::kOrphan && finished(slot, slot::gen_of(w))) {
       recycle(slot);
     } else {
       released_[keep++] = slot;
@@ -104,8 +103,8 @@ uint32_t H2dExecutor::in_flight() const {
   uint32_t n = 0;
   for (uint32_t i = 0; i < shape_.h2d_slots; ++i) {
     uint32_t w = state_[i].load(std::memory_order_acquire);
-    uint32_t st = w & 0xFF;
-    if ((st == kSubmitted || st == kReleased) && !finished(i, w >> 8)) ++n;
+    uint32_t st = slot::state_of(w);
+    if ((st == slot::kPending || st == slot::kOrphan) && !finished(i, slot::gen_of(w))) ++n;
   }
   return n;
 }
@@ -150,9 +149,8 @@ chi_status_t H2dExecutor::submit(chi_method_t method, const void *input, size_t 
     return set_error(CHI_ERR_AGAIN, "GPU %d: all %u CPU->GPU slots in use", gpu_,
                      shape_.h2d_slots);
   const uint32_t size = uint32_t(input_size);
-  uint32_t gen = next_gen(state_[slot].load(std::memory_order_relaxed) >> 8);
   method_[slot] = method;
-  state_[slot].store((gen << 8) | kSubmitted, std::memory_order_release);
+  const uint32_t gen = slot::begin_nonzero(state_[slot]);
   if (size > CHI_DEV_LL_INLINE) std::memcpy(buf_ + slot * shape_.payload_stride, input, size);
 
   // The slot is taken before the ticket: with at most h2d_slots tasks queued,
@@ -174,7 +172,7 @@ chi_status_t H2dExecutor::submit(chi_method_t method, const void *input, size_t 
 
 chi_status_t H2dExecutor::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, void *output,
                                size_t output_capacity, size_t *output_size) {
-  if (chi_status_t s = check(slot, gen, kSubmitted); s != CHI_OK) return s;
+  if (chi_status_t s = check(slot, gen, slot::kPending); s != CHI_OK) return s;
   const uint64_t *rec = done_ + uint64_t(slot) * CHI_DEV_LL_WORDS;
   const Config &cfg = rt_.config();
   int64_t max_nap = int64_t(cfg.gpu.poll_interval_us) * 1000;
@@ -219,16 +217,14 @@ chi_status_t H2dExecutor::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, 
     // above counts only if the slot still holds this task after it: a
     // waiter that lost the future to another thread, the slot reused since,
     // would report another task's size.
-    if (state_[slot].load(std::memory_order_acquire) != ((gen << 8) | kSubmitted) || !finished(slot, gen))
+    if (state_[slot].load(std::memory_order_acquire) != slot::word(gen, slot::kPending) || !finished(slot, gen))
       return set_error(CHI_ERR_INVALID, "GPU %d: future consumed by another thread", gpu_);
     if (output_size) *output_size = osize;
     return set_error(CHI_ERR_TOO_LARGE, "GPU %d: output of %u bytes, buffer of %zu", gpu_, osize,
                      output_capacity);
   }
   if (output_size) *output_size = osize;
-  uint32_t expect = (gen << 8) | kSubmitted;
-  if (!state_[slot].compare_exchange_strong(expect, (gen << 8) | kClaimed,
-                                            std::memory_order_acq_rel))
+  if (!slot::claim(state_[slot], slot::word(gen, slot::kPending)))
     return set_error(CHI_ERR_INVALID, "GPU %d: future consumed by another thread", gpu_);
   if (output && osize) {
     if (osize <= CHI_DEV_LL_INLINE) {
@@ -252,16 +248,14 @@ chi_status_t H2dExecutor::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, 
 }
 
 chi_status_t H2dExecutor::test(uint32_t slot, uint32_t gen, int *done) {
-  if (chi_status_t s = check(slot, gen, kSubmitted); s != CHI_OK) return s;
+  if (chi_status_t s = check(slot, gen, slot::kPending); s != CHI_OK) return s;
   *done = finished(slot, gen) ? 1 : 0;
   return CHI_OK;
 }
 
 chi_status_t H2dExecutor::release(uint32_t slot, uint32_t gen) {
-  if (chi_status_t s = check(slot, gen, kSubmitted); s != CHI_OK) return s;
-  uint32_t expect = (gen << 8) | kSubmitted;
-  if (!state_[slot].compare_exchange_strong(expect, (gen << 8) | kReleased,
-                                            std::memory_order_acq_rel))
+  if (chi_status_t s = check(slot, gen, slot::kPending); s != CHI_OK) return s;
+  if (slot::orphan(state_[slot], gen) != slot::kOrphan)
     return set_error(CHI_ERR_INVALID, "GPU %d: future consumed by another thread", gpu_);
   if (finished(slot, gen)) {
     recycle(slot);

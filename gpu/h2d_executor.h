@@ -56,7 +56,6 @@ class H2dExecutor final : public Executor {
   void mark_failed(const std::string &why);
 
  private:
-  enum : uint32_t { kFree = 0, kSubmitted = 1, kClaimed = 2, kReleased = 3 };
   chi_status_t check(uint32_t slot, uint32_t gen, uint32_t state) const;
   bool finished(uint32_t slot, uint32_t gen) const;
   void recycle(uint32_t slot);
@@ -68,7 +67,12 @@ class H2dExecutor final : public Executor {
   uint64_t *const ring_;
   uint64_t *const done_;
   uint8_t *const buf_;
-  std::unique_ptr<std::atomic<uint32_t>[]> state_;  // (gen << 8) | state
+  // Each slot's word (core/slot_word.h): free -> pending (submit) -> claimed
+  // (a waiter) or orphan (released; reap() frees it once finished).  It is
+  // never done: the GPU tells completion by the slot's LL record carrying
+  // the generation (hence begin_nonzero), and waiters poll that record in
+  // pinned memory, not the word, so slot::wait and publish are not used.
+  std::unique_ptr<std::atomic<uint32_t>[]> state_;
   std::unique_ptr<uint32_t[]> method_;
   // Free slots in shards of threads (thread_index() % kFreeShards): a
   // thread that submits and waits takes and returns slots on a head no other

@@ -16,7 +16,9 @@ inline uint32_t ll_data(uint64_t w) { return uint32_t(w); }
 inline uint64_t ll_load(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 inline void ll_store(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 
-// Generations are 24 bits (a future's field) and never 0.
+// Generations are 24 bits (a future's field) and never 0: device_protocol.h's
+// rule, for host code that writes as a kernel would (tests/test_client_relay.cpp).
+// The CPU->GPU executor's own words take theirs from slot::begin_nonzero.
 inline uint32_t next_gen(uint32_t g) {
   g = (g + 1) & 0xFFFFFFu;
   return g ? g : 1;

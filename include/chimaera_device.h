@@ -52,6 +52,8 @@
  *                                   LL loads and stores, timer, warp intrinsics
  *   chimaera/device_layout.h        the structures and constants the runtime
  *                                   and device code share (CHI_DEV_ABI_VERSION)
+ *   chimaera/device_diag.h          what the diag words hold (CHI_DIAG_*): the
+ *                                   lease's state, for watchdogs and tests
  *   chimaera/device_protocol.h      slots, futures, the GPU->GPU bells and
  *                                   the GPU->CPU ring behind the calls below
  *   chimaera/device_orchestrator.h  the orchestrator loop, the built-in

@@ -48,8 +48,9 @@ if has build; then
   t0=$(date +%s)
   # The .debs' .pc files say prefix=/usr: the sysroot maps them to /opt/deps
   # (for this configure only: the install test checks our own .pc file).
-  # The gpu preset of CMakePresets.json: CUDA required, sm_90, RelWithDebInfo.
-  if PKG_CONFIG_SYSROOT_DIR=/opt/deps cmake --preset gpu -B "$BUILD" >"$OUT/build.log" 2>&1 &&
+  # The gpu preset of CMakePresets.json: CUDA required, sm_90, RelWithDebInfo;
+  # CHI_BUILD_LAB for gpu_timing and gpu_breakdown.
+  if PKG_CONFIG_SYSROOT_DIR=/opt/deps cmake --preset gpu -B "$BUILD" -DCHI_BUILD_LAB=ON >"$OUT/build.log" 2>&1 &&
      timeout "$(bound 200)" cmake --build "$BUILD" -j "$JOBS" >>"$OUT/build.log" 2>&1; then
     note "build: ok ($(( $(date +%s) - t0 )) s)"
   else

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Quick start, command 2: set up (every package the tests use), build
-# everything, and run every test suite: the main
+# everything (the lab's programs too: -DCHI_BUILD_LAB=ON), and run every
+# test suite: the main
 # build's ctest (C, Rust, Fortran, install, GPU programs skipped without a
 # GPU), then the HIP build (scripts/hip-check.sh: library, GPU tests and
 # examples through Debian's hipcc; skipped without an AMD GPU), then the
-# ThreadSanitizer and AddressSanitizer+UBSan builds of the core and server
-# tests, then short libFuzzer runs when clang is present.
-# CHI_HIP=0 skips the HIP build, CHI_SANITIZERS=0 the sanitizer builds,
-# CHI_FUZZ=0 the fuzz runs.
+# library with the round-trip trace (the cpu-trace preset) and test_trace,
+# then the ThreadSanitizer and AddressSanitizer+UBSan builds of the core and
+# server tests, then short libFuzzer runs when clang is present.
+# CHI_HIP=0 skips the HIP build, CHI_TRACE=0 the trace build,
+# CHI_SANITIZERS=0 the sanitizer builds, CHI_FUZZ=0 the fuzz runs.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/setup.sh"
@@ -49,6 +51,16 @@ if [ "${CHI_HIP:-1}" != 0 ]; then
   hip_rc=0
   "$root/scripts/hip-check.sh" "$build-hip" || hip_rc=$?
   [ $hip_rc -eq 0 ] || [ $hip_rc -eq 77 ] || status=1
+fi
+
+# The round-trip trace (-DCHI_TRACE=ON, off in every other build): only the
+# library and test_trace, so that the trace keeps compiling and stamping.
+if [ "${CHI_TRACE:-1}" != 0 ]; then
+  tbuild="$build-trace"
+  echo "== trace build ($tbuild)"
+  (cd "$root" && cmake --preset cpu-trace -B "$tbuild" >/dev/null)
+  cmake --build "$tbuild" -j2 --target test_trace
+  ctest --test-dir "$tbuild" --output-on-failure -R '^test_trace$' || status=1
 fi
 
 if [ "${CHI_SANITIZERS:-1}" != 0 ]; then

@@ -5,7 +5,6 @@
 if(CHI_HAVE_CUDA)
   chi_add_test(test_gpu SOURCES gpu/test_gpu.cu GPU TIMEOUT 600 LABELS gpu)
   chi_add_test(test_gpu_orchestrator SOURCES gpu/test_gpu_orchestrator.cu GPU TIMEOUT 300 LABELS gpu)
-  chi_add_test(gpu_timing SOURCES gpu/gpu_timing.cu GPU TIMEOUT 300 LABELS gpu)
   # Device-wide CUDA calls and lazy loading beside the leased orchestrator.
   chi_add_test(test_gpu_coexist SOURCES gpu/test_gpu_coexist.cu GPU TIMEOUT 300 LABELS gpu)
   # Parked GPUs: park and start hammered from threads, a handler's GPU->CPU
@@ -63,27 +62,37 @@ if(CHI_HAVE_CUDA)
     set_tests_properties(test_gpu_client_mem_kill PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77
                                                              LABELS "gpu;client;server")
   endif()
-  foreach(t test_gpu test_gpu_orchestrator gpu_timing test_gpu_coexist test_gpu_device_submit
-            test_gpu_poller_steal test_gpu_park test_gpu_peer test_gpu_ll_cycle)
+  set(chi_gpu_cudart_tests test_gpu test_gpu_coexist test_gpu_device_submit test_gpu_poller_steal
+      test_gpu_park test_gpu_peer test_gpu_ll_cycle)
+  if(CHI_BUILD_LAB)
+    # Measurements, not tests (CHI_BUILD_LAB): gpu_timing reads each route's
+    # p50/p99 and throughput (it fails only if a task fails), gpu_breakdown
+    # where a round trip's time goes, stage by stage (scripts/gpu-run.sh,
+    # lab/journal/gpu-routes.md).
+    chi_add_test(gpu_timing SOURCES gpu/gpu_timing.cu GPU TIMEOUT 300 LABELS gpu)
+    list(APPEND chi_gpu_cudart_tests gpu_timing)
+    add_executable(gpu_breakdown gpu/gpu_breakdown.cu)
+    target_link_libraries(gpu_breakdown PRIVATE chimaera::chimaera PkgConfig::CMOCKA Threads::Threads)
+    set_target_properties(gpu_breakdown PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON
+                                                   CUDA_RUNTIME_LIBRARY Static)
+  endif()
+  foreach(t test_gpu_orchestrator ${chi_gpu_cudart_tests})
     set_target_properties(${t} PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
     target_compile_options(${t} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo>)
   endforeach()
-  foreach(t test_gpu gpu_timing test_gpu_coexist test_gpu_device_submit test_gpu_poller_steal test_gpu_park test_gpu_peer
-            test_gpu_ll_cycle)
+  foreach(t ${chi_gpu_cudart_tests})
     set_target_properties(${t} PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
     target_link_libraries(${t} PRIVATE CUDA::cudart)
   endforeach()
   set_target_properties(test_gpu_orchestrator PROPERTIES CUDA_RUNTIME_LIBRARY Static)
-  # Where a round trip's time goes, stage by stage (a measurement, not a
-  # test: scripts/gpu-run.sh's breakdown step, lab/journal/gpu-routes.md).
-  add_executable(gpu_breakdown gpu/gpu_breakdown.cu)
-  target_link_libraries(gpu_breakdown PRIVATE chimaera::chimaera PkgConfig::CMOCKA Threads::Threads)
-  set_target_properties(gpu_breakdown PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON
-                                                 CUDA_RUNTIME_LIBRARY Static)
 elseif(CHI_HAVE_HIP)
   # HIP build: the same programs through hipcc (gpu/CMakeLists.txt); without
   # an AMD GPU each exits 77.
-  foreach(t test_gpu test_gpu_orchestrator gpu_timing test_gpu_coexist test_gpu_device_submit)
+  set(chi_hip_gpu_tests test_gpu test_gpu_orchestrator test_gpu_coexist test_gpu_device_submit)
+  if(CHI_BUILD_LAB)
+    list(APPEND chi_hip_gpu_tests gpu_timing)
+  endif()
+  foreach(t ${chi_hip_gpu_tests})
     chi_add_test(${t} SOURCES gpu/${t}.cu GPU TIMEOUT 600 LABELS "gpu;hip")
     chi_hip_target(${t})
   endforeach()

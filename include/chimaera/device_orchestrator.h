@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "chimaera/gpu_port.h"
+#include "chimaera/device_diag.h"
 #include "chimaera/device_layout.h"
 #include "chimaera/device_protocol.h"
 

@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "chimaera/gpu_port.h"
+#include "chimaera/device_diag.h"
 #include "chimaera/device_layout.h"
 
 #if defined(CHI_GPU_COMPILER) && defined(__cplusplus)
@@ -340,7 +341,7 @@ CHI_DEVICE bool gate_wait(const chi_dev_layout *l, bool wait) {
      * since the last one (another process's time slice, no MPS). */
     if (now - held_since >= bound && (i & 15u) != 0u && lease_thread_coming(l, &phase)) held_since = now;
     if (now - held_since >= bound || now - t0 >= timeout) {
-      if (l->diag) { /* for the watchdogs and the CHI_ERR_AGAIN reports (device_layout.h) */
+      if (l->diag) { /* for the watchdogs and the CHI_ERR_AGAIN reports (device_diag.h) */
         chi_port::ll_store8(l->diag + CHI_DIAG_GATE_GAVE_UP_WHY,
                             ((now - t0) / 1000u) << 32 | (now - t0 >= timeout ? 1u << 8 : 0u) | (phase & 0xFFu));
         chi_port::ll_store8(l->diag + CHI_DIAG_GATE_GAVE_UP_AT, now);

@@ -12,6 +12,7 @@
 #include "base/futex.h"
 #include "base/log.h"
 #include "core/slot_word.h"
+#include "core/trace.h"
 
 namespace chi {
 
@@ -202,6 +203,7 @@ void CpuExecutor::shutdown() {
   futex_wake(&idle_seq_);
   for (pthread_t t : workers_) pthread_join(t, nullptr);
   workers_.clear();
+  trace::report();
 }
 
 CpuExecutor::Slot *CpuExecutor::slot_at(uint32_t index) const {
@@ -402,6 +404,7 @@ void CpuExecutor::push_shared_many(const QueuedTask *tasks, const void *const *i
 
 chi_status_t CpuExecutor::submit(chi_method_t method, const void *input, size_t input_size,
                                  uint32_t *slot, uint32_t *gen) {
+  trace::note(trace::kSubmit);
   if (input_size > payload_)
     return set_error(CHI_ERR_TOO_LARGE, "input of %zu bytes over max_inline_payload %zu",
                      input_size, payload_);
@@ -416,6 +419,8 @@ chi_status_t CpuExecutor::submit(chi_method_t method, const void *input, size_t 
   const uint32_t g = slot::begin(s->state);
   stats_.submitted();
   queue_task(index, method, input, input_size, worker);
+  trace::note(trace::kQueued);
+  trace::keep(trace::kSubmit, trace::kQueued, index, g);
   *slot = index;
   *gen = g;
   return CHI_OK;
@@ -516,8 +521,10 @@ void CpuExecutor::run_task(const QueuedTask &task) {
     }
   }
   size_t out_size = 0;
+  trace::note(trace::kHandlerStart);
   chi_status_t st = run_cpu_handler(reg_, task.method, CHI_ROUTE_CPU, input_of(index, task.input_size),
                                     task.input_size, output_of(index), payload_, &out_size);
+  trace::note(trace::kHandlerEnd);
   if (RemoteSink *sink = s->sink) {
     s->sink = nullptr;
     sink->complete(s->cookie, st, output_of(index), out_size);
@@ -531,6 +538,8 @@ void CpuExecutor::run_task(const QueuedTask &task) {
   s->output_size.store(uint32_t(out_size), std::memory_order_release);
   const uint32_t gen = slot::gen_of(s->state.load(std::memory_order_relaxed));
   if (slot::publish(s->state, gen) == slot::kOrphan) free_slot(index);
+  trace::note(trace::kPublished);
+  trace::keep(trace::kPopped, trace::kPublished, index, gen);
 }
 
 // Application threads' queues, this worker's own first, except on one pop in
@@ -611,6 +620,7 @@ void CpuExecutor::worker_main(unsigned id) {
     bool got = seen < nrings_ && run_[seen].pop(&task, input_dst, this);
     seen = nrings_;
     if (!got) got = pop_task(&task, false, streak > 0);
+    if (got) trace::note(trace::kPopped);
     // The watch goes to another spinner once this worker has its task (or
     // found none after all), so that the next spinner does not chase the
     // same one.
@@ -759,6 +769,7 @@ chi_status_t CpuExecutor::wait_done(uint32_t slot, uint32_t gen, int64_t timeout
     if (w != slot::word(gen, slot::kDone))
       return set_error(CHI_ERR_INVALID, "stale future: already waited on or released");
   }
+  trace::note(trace::kSeen);
   *word = w;
   return CHI_OK;
 }
@@ -800,6 +811,8 @@ chi_status_t CpuExecutor::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, 
     return s;
   const chi_method_t method = slot_at(slot)->method;
   free_slot(slot);
+  trace::note(trace::kReturned);
+  trace::keep(trace::kSeen, trace::kReturned, slot, gen);
   if (status != CHI_OK) set_error(status, "handler of method %u returned %d", method, status);
   return status;
 }

@@ -1,6 +1,8 @@
 // The state word of a task slot behind a future, and the steps that move it:
-// one state machine for the CPU pool's slots, a ZeroMQ client's slots and a
-// shared-memory client's private words (whose "done" lives in the segment).
+// one state machine for the CPU pool's slots, a ZeroMQ client's slots, a
+// shared-memory client's private words (whose "done" lives in the segment)
+// and the CPU->GPU executor's words (whose "done" is the GPU's completion
+// record: gpu/h2d_executor.cpp).
 //
 //   word = generation (24 bits) << 8 | state (low 7 bits) | kSleeper
 //
@@ -58,6 +60,16 @@ inline bool live(uint32_t w, uint32_t gen) {
 inline uint32_t begin(std::atomic<uint32_t> &s, uint32_t st = kPending) {
   const uint32_t gen = (gen_of(s.load(std::memory_order_relaxed)) + 1) & kGenMask;
   s.store(word(gen, st), std::memory_order_release);
+  return gen;
+}
+
+// begin() for a slot whose completion is a record that carries the
+// generation and starts zeroed (a GPU's LL completion record): generation 0
+// would read as done before the task ran, so it is skipped.
+inline uint32_t begin_nonzero(std::atomic<uint32_t> &s) {
+  uint32_t gen = (gen_of(s.load(std::memory_order_relaxed)) + 1) & kGenMask;
+  if (gen == 0) gen = 1;
+  s.store(word(gen, kPending), std::memory_order_release);
   return gen;
 }
 

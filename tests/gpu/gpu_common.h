@@ -23,6 +23,7 @@ extern "C" {
 #include <cuda_runtime.h>
 
 #include "chimaera_device.h"
+#include "chimaera/device_diag.h"
 
 #define CK(x)                                                                                  \
   do {                                                                                         \
@@ -124,7 +125,7 @@ static inline int gt_finalize(chi_runtime_t *rt) {
 #include <thread>
 #include <vector>
 
-/* The diag words of a GPU (chimaera/device_layout.h, CHI_DIAG_*), host-readable. */
+/* The diag words of a GPU (chimaera/device_diag.h, CHI_DIAG_*), host-readable. */
 static inline const volatile uint64_t *gt_diag(const chi_dev_context_t *ctx) {
   const chi_dev_ctx_layout_t *l = (const chi_dev_ctx_layout_t *)ctx;
   if (!l->diag) return NULL;
@@ -145,7 +146,7 @@ static inline uint64_t gt_realtime_ns(void) {
 /* One line with every diag word decoded; `now` (host realtime) gives ages.
  * The launch and keeper ages compare %globaltimer stamps with the host's
  * clock: they are off by the clocks' offset (hundreds of us on an H200,
- * device_layout.h); compare them with each other. */
+ * device_diag.h); compare them with each other. */
 static inline std::string gt_diag_line(const volatile uint64_t *d, uint64_t now) {
   if (!d) return "(no diag words)";
   static const char *const phases[] = CHI_DIAG_PHASE_NAMES;

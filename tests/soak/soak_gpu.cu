@@ -629,7 +629,7 @@ int main(int argc, char **argv) {
     }
     if (again && diag) {
       // Why GPU->GPU submits answered CHI_ERR_AGAIN: the gate's last give-up
-      // and the orchestrator's state (device_layout.h, CHI_DIAG_*).
+      // and the orchestrator's state (device_diag.h, CHI_DIAG_*).
       const uint64_t w = diag[CHI_DIAG_GATE_GAVE_UP_WHY];
       printf("soak_gpu: round %u: %llu submits answered CHI_ERR_AGAIN; last gate give-up after %llu us, lease thread "
              "phase %llu%s; step-asides so far %llu; %s\n",

@@ -27,6 +27,7 @@
 #include "bench_gpu.h"
 #include "bench_footprint.h"
 #include "chimaera_device.h"
+#include "chimaera/device_diag.h"
 #include "cpu_routes.h"
 #include "tool_util.h"
 
@@ -787,7 +788,7 @@ const char *where_name(uint32_t where) {
   }
 }
 
-// One of the orchestrator's diag words (chimaera/device_layout.h); 0 without them.
+// One of the orchestrator's diag words (chimaera/device_diag.h); 0 without them.
 uint64_t diag_word(const Gpu &g, uint32_t w) {
   const volatile uint64_t *d = reinterpret_cast<const chi_dev_ctx_layout_t *>(&g.ctx)->diag;
   return d ? d[w] : 0;

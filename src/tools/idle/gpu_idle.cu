@@ -31,6 +31,7 @@
 
 #include "chimaera.h"
 #include "chimaera_device.h"
+#include "chimaera/device_diag.h"
 
 namespace {
 
@@ -176,7 +177,7 @@ int main(int argc, char **argv) {
 
   // 1. Idle CPU.
   usleep(1000000);
-  // The orchestrator's launches meanwhile (its diag words, chimaera/device_layout.h).
+  // The orchestrator's launches meanwhile (its diag words, chimaera/device_diag.h).
   const volatile uint64_t *diag = reinterpret_cast<const chi_dev_ctx_layout_t *>(&ctx)->diag;
   std::vector<ThreadCpu> before = thread_cpu();
   const uint64_t e0 = diag ? diag[CHI_DIAG_START_EPOCH] : 0;

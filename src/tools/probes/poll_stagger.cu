@@ -1,10 +1,9 @@
-// poll_stagger: whether a GPU thread that polls pinned host memory sees a
+// chimaera-poll-stagger: whether a GPU thread that polls pinned host memory sees a
 // host write sooner when it keeps several loads in flight, issued a gap
 // apart, than when it waits for each load before issuing the next (a plain
 // spin: one PCIe round trip per look).  No chimaera code; one GPU.
 //
-//   nvcc -O2 -arch=sm_90 -std=c++17 -o /tmp/poll_stagger src/tools/probes/poll_stagger.cu
-//   /tmp/poll_stagger [ROUND_TRIPS]
+//   chimaera-poll-stagger [ROUND_TRIPS]      (CUDA builds with -DCHI_BUILD_LAB=ON)
 //
 // Two ping-pongs through two pinned words, each in every polling mode, the
 // modes in turns over several rounds:

@@ -1,0 +1,92 @@
+/* The round-trip trace of a -DCHI_TRACE=ON build (src/core/trace.h): each
+ * chi_finalize writes the CPU->CPU round trips since the last report to
+ * $CHI_TRACE_FILE, one table per submitting thread (here one), every stage
+ * of them stamped.  Times are printed, never checked. */
+#include "common.h"
+
+enum { kStageLines = 7 };
+static const char *const kStages[kStageLines] = {"queued",      "popped",    "handler-start", "handler-end",
+                                                 "published",   "seen",      "returned"};
+
+typedef struct trace_report {
+  long trips;                /* -1: no header line */
+  long count[kStageLines];   /* -1: no line for the stage */
+} trace_report_t;
+
+/* n one-at-a-time chi.echo round trips on a fresh runtime, then its
+ * finalize's report, read from a fresh file. */
+static trace_report_t traced_run(int n) {
+  char path[512];
+  const char *dir = getenv("TMPDIR");
+  snprintf(path, sizeof path, "%s/chi-trace-XXXXXX", dir && dir[0] ? dir : "/tmp");
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  assert_int_equal(setenv("CHI_TRACE_FILE", path, 1), 0);
+
+  chi_runtime_t *rt = chi_test_init(1, NULL);
+  chi_method_t echo = 0;
+  assert_status(CHI_OK, chi_method_lookup(rt, "chi.echo", &echo));
+  for (int i = 0; i < n; i++) {
+    uint64_t in = (uint64_t)i, out = 0;
+    size_t size = 0;
+    chi_future_t f = 0;
+    assert_status(CHI_OK, chi_submit(rt, CHI_ROUTE_CPU, echo, &in, sizeof in, &f));
+    assert_status(CHI_OK, chi_wait(rt, f, -1, &out, sizeof out, &size));
+    assert_int_equal(out, in);
+  }
+  assert_status(CHI_OK, chi_finalize(rt));
+  unsetenv("CHI_TRACE_FILE");
+
+  trace_report_t r = {.trips = -1};
+  for (int s = 0; s < kStageLines; s++) r.count[s] = -1;
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  char line[512];
+  while (fgets(line, sizeof line, f)) {
+    print_message("%s", line);
+    long trips = 0, count = 0;
+    char stage[32];
+    double p10, p50, p90;
+    if (sscanf(line, "# chimaera trace: thread %*u: %ld CPU->CPU round trips", &trips) == 1) {
+      assert_int_equal(r.trips, -1);
+      r.trips = trips;
+    } else if (line[0] != '#' && sscanf(line, "%31s %lf %lf %lf %ld", stage, &p10, &p50, &p90, &count) == 5) {
+      for (int s = 0; s < kStageLines; s++)
+        if (strcmp(stage, kStages[s]) == 0) r.count[s] = count;
+    }
+  }
+  fclose(f);
+  unlink(path);
+  return r;
+}
+
+static void test_every_stage_stamped(void **state) {
+  (void)state;
+  const int n = 200;
+  trace_report_t r = traced_run(n);
+  assert_int_equal(r.trips, n);
+  for (int s = 0; s < kStageLines; s++) {
+    if (r.count[s] <= 0) fail_msg("stage %s: %ld stamps", kStages[s], r.count[s]);
+    assert_true(r.count[s] <= n);
+  }
+  /* The waiter's own stages, on the submitter's thread, are in every trip. */
+  assert_int_equal(r.count[5], n);
+  assert_int_equal(r.count[6], n);
+}
+
+/* A second runtime's report holds its own round trips only. */
+static void test_report_since_the_last(void **state) {
+  (void)state;
+  (void)traced_run(50);
+  trace_report_t r = traced_run(30);
+  assert_int_equal(r.trips, 30);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_every_stage_stamped),
+      cmocka_unit_test(test_report_since_the_last),
+  };
+  return chi_test_run("trace", tests);
+}
