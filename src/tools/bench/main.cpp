@@ -41,7 +41,7 @@ void usage(std::FILE *out) {
       "  --threads N     submitters of the multi-threaded throughput row\n"
       "                  (default: online CPUs)\n"
       "  --window N      outstanding futures per submitter (default 64); keep\n"
-      "                  threads x window within queue_depth (1024 by default)\n"
+      "                  threads x window within queue_depth (131072 by default)\n"
       "  --payload N     bytes of input and output (default 64)\n"
       "  --gpu-lanes N   submitting lanes per warp of the GPU throughput rows, 1..32\n"
       "                  (default: the route's slots over the warps, at most 32, so\n"
