@@ -1,8 +1,8 @@
-// The relay of a client process's kernels (client/client_gpu.h): the
+// The relay of a client process's kernels (gpu/client_gpu.h): the
 // GPU->CPU layout of gpu/d2h_memory.h in the client's own CUDA context, a
 // CpuPoller whose D2hRelay is this object, and a completion thread that
 // writes the reply of each forwarded task when the server answers it.
-#include "client/client_gpu.h"
+#include "gpu/client_gpu.h"
 
 #include <pthread.h>
 #include <time.h>
@@ -19,7 +19,6 @@
 #include "base/error.h"
 #include "base/futex.h"
 #include "base/log.h"
-#include "client/client.h"
 #include "core/executor.h"
 #include "core/mps.h"
 #include "core/registry.h"
@@ -49,7 +48,7 @@ void nap(int64_t ns) {
 
 class RelayGpu final : public ClientGpu, public D2hRelay {
  public:
-  RelayGpu(Client &client, Runtime &local, int32_t gpu, int32_t ngpus)
+  RelayGpu(Upstream &client, Runtime &local, int32_t gpu, int32_t ngpus)
       : client_(client), local_(local), id_(gpu), ngpus_(ngpus) {}
 
   ~RelayGpu() override {
@@ -383,7 +382,7 @@ class RelayGpu final : public ClientGpu, public D2hRelay {
     }
   }
 
-  Client &client_;
+  Upstream &client_;  // the session the tasks are forwarded over
   Runtime &local_;
   const int32_t id_;
   const int32_t ngpus_;
@@ -416,7 +415,7 @@ bool relay_host_memory() {
   return e && std::strcmp(e, "1") == 0;
 }
 
-chi_status_t create_client_gpu(Client &client, Runtime &local, int32_t gpu, int32_t ngpus,
+chi_status_t create_client_gpu(Upstream &client, Runtime &local, int32_t gpu, int32_t ngpus,
                                std::unique_ptr<ClientGpu> *out) {
   out->reset();
   auto r = std::make_unique<gpu::RelayGpu>(client, local, gpu, ngpus);

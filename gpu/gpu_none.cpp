@@ -1,7 +1,7 @@
 // Build without CUDA/HIP: no GPU system, so GPU routes answer CHI_ERR_NO_DEVICE.
 #include "base/error.h"
-#include "client/client_gpu.h"
 #include "core/gpu_system.h"
+#include "gpu/client_gpu.h"
 
 namespace chi {
 
@@ -13,7 +13,7 @@ chi_status_t create_gpu_system(Runtime &, const Config &cfg, std::unique_ptr<Gpu
   return CHI_OK;
 }
 
-chi_status_t create_client_gpu(Client &, Runtime &, int32_t gpu, int32_t, std::unique_ptr<ClientGpu> *out) {
+chi_status_t create_client_gpu(Upstream &, Runtime &, int32_t gpu, int32_t, std::unique_ptr<ClientGpu> *out) {
   out->reset();
   return set_error(CHI_ERR_NO_DEVICE, "GPU %d: chimaera was built without CUDA/HIP", gpu);
 }

@@ -8,7 +8,7 @@
 #include "base/log.h"
 #include "core/mps.h"
 #include "core/runtime.h"
-#include "client/client_gpu.h"
+#include "gpu/client_gpu.h"
 #include "client/shm_client.h"
 #include "client/zmq_client.h"
 #include "ipc/address.h"

@@ -14,6 +14,7 @@
 
 #include "chimaera.h"
 #include "config/config.h"
+#include "core/upstream.h"
 #include "ipc/wire.h"
 
 namespace chi {
@@ -21,8 +22,6 @@ namespace chi {
 class Runtime;
 class ClientGpu;
 
-// Method ids of a client's own handlers carry this bit; the server's ids never do.
-constexpr chi_method_t kLocalMethodBit = 0x40000000u;
 // Pool number of a client future (the local pool's futures carry its own tag).
 constexpr uint32_t kClientPool = 0xFE;
 
@@ -30,23 +29,15 @@ constexpr uint32_t kClientPool = 0xFE;
 constexpr int kConnectTimeoutMs = 5000;
 constexpr int kControlTimeoutMs = 10000;
 
-class Client {
+class Client : public Upstream {
  public:
-  virtual ~Client();
+  ~Client() override;
 
   uint32_t tag() const { return tag_; }
   int32_t gpus() const { return gpus_; }
 
-  virtual chi_status_t submit(chi_route_t route, chi_method_t method, const void *input,
-                              size_t input_size, chi_future_t *future) = 0;
-  virtual chi_status_t wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, void *output,
-                            size_t output_capacity, size_t *output_size) = 0;
-  virtual chi_status_t test(uint32_t slot, uint32_t gen, int *done) = 0;
-  virtual chi_status_t release(uint32_t slot, uint32_t gen) = 0;
-  // Whether the task of a live future has finished: one load, no checks
-  // beyond the slot's range, no system call (the relay of client kernels
-  // scans its futures with it; gpu/client_gpu.cpp).
-  virtual bool finished(uint32_t slot, uint32_t gen) const = 0;
+  // submit, wait, test, release, finished: the session (core/upstream.h),
+  // each transport's own.
   // One control request (lookups, stats, status, ping, stop); replies come in order.
   virtual chi_status_t control(ipc::Op op, uint16_t flags, const void *payload, uint32_t length,
                                void *reply, uint32_t capacity, uint32_t *reply_length) = 0;
@@ -58,7 +49,7 @@ class Client {
   chi_status_t stats(chi_stats_t *out);
 
   // chi_gpu_context in a client: the device context of the client's relay
-  // for GPU `gpu` (made on first use; client_gpu.h).
+  // for GPU `gpu` (made on first use; gpu/client_gpu.h).
   chi_status_t gpu_context(int32_t gpu, chi_dev_context_t *ctx);
 
   // chi_register_gpu_mem(gpu >= 0) in a client: the memory's CUDA IPC handle

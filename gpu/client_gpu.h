@@ -4,7 +4,8 @@
 // runtime's GPU (gpu/d2h_memory.h) marked CHI_DEV_CTX_RELAY, so that every
 // route of its kernels goes through the ring; its poller threads run the
 // client's own handlers or forward the task to the server over the session
-// (Client::submit), many in flight, and write each reply when it comes.
+// (Upstream::submit: the client's session, core/upstream.h), many in flight,
+// and write each reply when it comes.
 // Built without CUDA/HIP, create_client_gpu answers CHI_ERR_NO_DEVICE
 // (gpu/gpu_none.cpp).
 #pragma once
@@ -14,10 +15,10 @@
 #include <memory>
 
 #include "chimaera.h"
+#include "core/upstream.h"
 
 namespace chi {
 
-class Client;
 class Runtime;
 
 class ClientGpu {
@@ -30,9 +31,10 @@ class ClientGpu {
 };
 
 // The relay of server GPU `gpu` (the client's CUDA device of the same
-// ordinal) for `client`; `local` runs the client's own handlers.  ngpus: the
-// server's GPU count (CHI_ROUTE_GPU(n >= ngpus): CHI_ERR_NO_DEVICE on the device).
-chi_status_t create_client_gpu(Client &client, Runtime &local, int32_t gpu, int32_t ngpus,
+// ordinal) for the session `up`; `local` runs the client's own handlers.
+// ngpus: the server's GPU count (CHI_ROUTE_GPU(n >= ngpus): CHI_ERR_NO_DEVICE
+// on the device).
+chi_status_t create_client_gpu(Upstream &up, Runtime &local, int32_t gpu, int32_t ngpus,
                                std::unique_ptr<ClientGpu> *out);
 
 // Tests only: CHI_RELAY_HOST_MEMORY=1 puts a relay in plain host memory with
