@@ -1,8 +1,8 @@
-// The relay of a client process's kernels (gpu/client_gpu.h): the
+// The relay of a client process's kernels (core/client_gpu.h): the
 // GPU->CPU layout of gpu/d2h_memory.h in the client's own CUDA context, a
 // CpuPoller whose D2hRelay is this object, and a completion thread that
 // writes the reply of each forwarded task when the server answers it.
-#include "gpu/client_gpu.h"
+#include "core/client_gpu.h"
 
 #include <pthread.h>
 #include <time.h>

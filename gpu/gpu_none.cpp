@@ -1,7 +1,7 @@
 // Build without CUDA/HIP: no GPU system, so GPU routes answer CHI_ERR_NO_DEVICE.
 #include "base/error.h"
+#include "core/client_gpu.h"
 #include "core/gpu_system.h"
-#include "gpu/client_gpu.h"
 
 namespace chi {
 

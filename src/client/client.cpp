@@ -6,11 +6,11 @@
 
 #include "base/error.h"
 #include "base/log.h"
-#include "core/mps.h"
-#include "core/runtime.h"
-#include "gpu/client_gpu.h"
 #include "client/shm_client.h"
 #include "client/zmq_client.h"
+#include "core/client_gpu.h"
+#include "core/mps.h"
+#include "core/runtime.h"
 #include "ipc/address.h"
 #include "ipc/handshake.h"
 

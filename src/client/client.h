@@ -49,7 +49,7 @@ class Client : public Upstream {
   chi_status_t stats(chi_stats_t *out);
 
   // chi_gpu_context in a client: the device context of the client's relay
-  // for GPU `gpu` (made on first use; gpu/client_gpu.h).
+  // for GPU `gpu` (made on first use; core/client_gpu.h).
   chi_status_t gpu_context(int32_t gpu, chi_dev_context_t *ctx);
 
   // chi_register_gpu_mem(gpu >= 0) in a client: the memory's CUDA IPC handle

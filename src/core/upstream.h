@@ -1,8 +1,9 @@
 // Where a client process's tasks go: the session with its chimaera-server
 // (client/client.h implements it over shared memory or ZeroMQ).  The relay
-// of client kernels (gpu/client_gpu.cpp) forwards their tasks through it, so
-// gpu/ needs this much of a client, and client/ nothing of gpu/ but the
-// relay's factory (gpu/client_gpu.h).
+// of client kernels (gpu/client_gpu.cpp) forwards their tasks through it:
+// gpu/ needs this much of a client, and client/ reaches the relay only
+// through core/client_gpu.h (as the core reaches the GPUs through
+// core/gpu_system.h), so neither includes the other.
 #pragma once
 
 #include <cstddef>
