@@ -263,7 +263,7 @@ class RelayGpu final : public ClientGpu, public D2hRelay {
   // kernels run, so say once per process what that costs and what avoids it.
   void note_crossing(chi_method_t method) {
     static std::atomic<bool> said{false};
-    if (mps_ || said.exchange(true)) return;
+    if (mps_ || said.load(std::memory_order_relaxed) || said.exchange(true)) return;  // a load per task, an RMW once
     log(LogLevel::kWarn,
         "GPU %d: a client kernel's task (method %u) runs on the server's orchestrator, in another CUDA "
         "context: without MPS the GPU time-slices the two while this process's kernels run (about 4.5 ms a "
