@@ -76,8 +76,10 @@ if(TARGET chimaera-server AND TARGET chimaera-ctl)
 endif()
 
 # server.mps's daemon handling without a GPU (src/core/mps.h): refusals,
-# reuse of a daemon that answers, a client's adopt.  Compiles its sources
-# itself: their symbols are internal to the library.
+# reuse of a daemon that answers, a client's adopt, and with the test program
+# as a stand-in nvidia-cuda-mps-control: a failed start, a daemon that never
+# answers, start, sharing and quit, a quit that hangs, a stale marker.
+# Compiles its sources itself: their symbols are internal to the library.
 chi_add_test(test_mps SOURCES test_mps.cpp ${PROJECT_SOURCE_DIR}/src/core/mps.cpp
   ${PROJECT_SOURCE_DIR}/src/base/error.cpp ${PROJECT_SOURCE_DIR}/src/base/log.cpp TIMEOUT 60 LABELS core)
 target_include_directories(test_mps PRIVATE ${PROJECT_SOURCE_DIR}/src)

@@ -31,7 +31,6 @@ constexpr const char *kControl = "nvidia-cuda-mps-control";
 constexpr const char *kStartLock = "/chimaera-mps.lock";   // start and stop decisions, exclusive
 constexpr const char *kUsers = "/chimaera-mps.users";      // shared while a chimaera process uses it
 constexpr const char *kMarker = "/chimaera-mps.started";   // "PID\n" of the chimaera process that started it
-constexpr int kStartWaitMs = 10000;
 
 void sleep_ms(int ms) {
   timespec ts{ms / 1000, long(ms % 1000) * 1000000};
@@ -198,9 +197,9 @@ chi_status_t Daemon::join() {
       status = set_error(CHI_ERR_NO_DEVICE, "server.mps: %s -d exited with %d (its log: %s/control.log)", kControl, rc,
                          logs.c_str());
     for (int waited = 0; status == CHI_OK && !control_answers(dir_); waited += 20) {
-      if (waited >= kStartWaitMs) {
+      if (waited >= start_wait_ms_) {
         status = set_error(CHI_ERR_NO_DEVICE, "server.mps: the MPS control daemon did not answer at %s within %d ms "
-                           "(its log: %s/control.log)", dir_.c_str(), kStartWaitMs, logs.c_str());
+                           "(its log: %s/control.log)", dir_.c_str(), start_wait_ms_, logs.c_str());
         break;
       }
       sleep_ms(20);

@@ -28,7 +28,9 @@ std::string private_directory();
 // and leaves at shutdown.
 class Daemon {
  public:
-  Daemon() = default;
+  // start_wait_ms: how long join() waits for a daemon it started to answer.
+  explicit Daemon(int start_wait_ms = kDefaultStartWaitMs) : start_wait_ms_(start_wait_ms) {}
+  static constexpr int kDefaultStartWaitMs = 10000;
   ~Daemon() { leave(); }
   Daemon(const Daemon &) = delete;
   Daemon &operator=(const Daemon &) = delete;
@@ -40,8 +42,9 @@ class Daemon {
   // CUDA_MPS_PIPE_DIRECTORY (and CUDA_MPS_LOG_DIRECTORY if it started it) so
   // that this process's CUDA contexts are its clients.  While joined, the
   // process holds a shared lock on the directory's chimaera-mps.users.
-  // CHI_ERR_NO_DEVICE: no nvidia-cuda-mps-control, or its daemon did not
-  // answer within 10 s (the message says which).
+  // CHI_ERR_NO_DEVICE: no nvidia-cuda-mps-control, its -d failed, or its
+  // daemon did not answer within start_wait_ms (the message says which);
+  // the environment is then left as it was.
   chi_status_t join();
   // Leaves the daemon: the last chimaera process to leave a daemon that a
   // chimaera process started tells it to quit (it goes once its clients'
@@ -56,6 +59,7 @@ class Daemon {
   std::string started_by() const;
 
  private:
+  int start_wait_ms_;
   std::string dir_;
   bool joined_ = false;
   int users_fd_ = -1;  // shared lock while joined
