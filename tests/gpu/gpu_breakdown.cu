@@ -16,7 +16,9 @@
  * round trip with the least time (its half-width is printed: the error of
  * every stage that crosses the bus).  The probes at the end time a 4 KiB
  * copy by one thread, load-store loop against loads in batches, out of host
- * and device memory: the cost that made large payloads slow.
+ * and device memory: the cost that made large payloads slow; and a GPU->CPU
+ * waiter's poll of pinned memory that would also bring a 64-byte output as
+ * LL words, with each kind of load (k_poll_probe).
  */
 #include "gpu_common.h"
 
@@ -286,6 +288,55 @@ __global__ void k_fence_probe(const uint64_t *host, uint32_t reps, int mode, uin
       asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(host) : "memory");
       sink += v;
     }
+  }
+  *ns = chi_port::timer_ns() - t0 + (sink == 1234567 ? 1 : 0);
+}
+
+/* One thread, `reps` polls of a GPU->CPU reply record in pinned host memory
+ * (static here: the time of the loads alone), each poll's loads in flight
+ * together and each poll dependent on the last one's values, so that the
+ * time per poll is one poll's round trip.  What a poll that also brings a
+ * 64-byte output as LL words (9 x 16 bytes) costs with each kind of load:
+ * mode 0, ld.acquire.sys of words 0-1 alone (today's header poll); 1, with a
+ * volatile load of words 2-3 (today's young poll for 8 bytes); 2, with 8
+ * volatile loads; 3, with 8 ld.global.cg; 4, with 8 ld.global.L1::no_allocate
+ * (weak); 5, 9 ld.global.cg and no acquire; 6, 9 ld.relaxed.sys. */
+template <int kKind>
+__device__ void poll_load(const uint64_t *p, uint64_t *a, uint64_t *b) {
+  if (kKind == 0)
+    asm volatile("ld.acquire.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
+  else if (kKind == 1)
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
+  else if (kKind == 2)
+    asm volatile("ld.global.cg.v2.u64 {%0, %1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
+  else if (kKind == 3)
+    asm volatile("ld.global.L1::no_allocate.v2.u64 {%0, %1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
+  else
+    asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
+}
+__global__ void k_poll_probe(const uint64_t *rec, uint32_t reps, int mode, uint64_t *ns) {
+  uint64_t sink = 0;
+  const uint64_t t0 = chi_port::timer_ns();
+  for (uint32_t r = 0; r < reps; ++r) {
+    const uint64_t *p = rec + (sink == 0x1234567890ull ? 2u : 0u); /* the last poll's values first */
+    uint64_t a[9] = {}, b[9] = {};
+    const uint32_t extra = mode == 0 ? 0u : mode == 1 ? 1u : 8u;
+    if (mode <= 4) {
+      poll_load<0>(p, &a[0], &b[0]);
+      for (uint32_t j = 1; j <= extra; ++j) {
+        const uint64_t *q = p + (j == 1u ? 2u : 16u + 2u * j); /* words 2-3, then 18.. */
+        if (mode <= 2) poll_load<1>(q, &a[j], &b[j]);
+        else if (mode == 3) poll_load<2>(q, &a[j], &b[j]);
+        else poll_load<3>(q, &a[j], &b[j]);
+      }
+    } else {
+      for (uint32_t j = 0; j < 9u; ++j) {
+        const uint64_t *q = p + (j == 0u ? 0u : j == 1u ? 2u : 16u + 2u * j);
+        if (mode == 5) poll_load<2>(q, &a[j], &b[j]);
+        else poll_load<4>(q, &a[j], &b[j]);
+      }
+    }
+    for (uint32_t j = 0; j < 9u; ++j) sink += a[j] ^ b[j];
   }
   *ns = chi_port::timer_ns() - t0 + (sink == 1234567 ? 1 : 0);
 }
@@ -581,6 +632,16 @@ int main(int argc, char **argv) {
       k_fence_probe<<<1, 1, 0, stream>>>(reinterpret_cast<const uint64_t *>(hdev), 10000, mode, ns);
       BD_CHECK(cudaStreamSynchronize(stream));
       printf("%-8s %6s  %-44s %9.3f\n", "fence", "-", fnames[mode], double(*ns) / 10000 / 1e3);
+    }
+    /* A GPU->CPU waiter's poll with the output as LL words (k_poll_probe). */
+    const char *qnames[7] = {"poll: acquire 16 B (header)", "poll: acquire + 1 volatile 16 B",
+                             "poll: acquire + 8 volatile 16 B", "poll: acquire + 8 ld.global.cg 16 B",
+                             "poll: acquire + 8 L1::no_allocate 16 B", "poll: 9 ld.global.cg 16 B, no acquire",
+                             "poll: 9 ld.relaxed.sys 16 B"};
+    for (int mode = 0; mode < 7; ++mode) {
+      k_poll_probe<<<1, 1, 0, stream>>>(reinterpret_cast<const uint64_t *>(hdev), 2000, mode, ns);
+      BD_CHECK(cudaStreamSynchronize(stream));
+      printf("%-8s %6s  %-44s %9.3f\n", "poll", "-", qnames[mode], double(*ns) / 2000 / 1e3);
     }
     /* The data path's pieces in device memory (k_path_probe). */
     uint8_t *pslot;
