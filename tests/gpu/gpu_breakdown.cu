@@ -228,21 +228,29 @@ __global__ void k_device_route(chi_dev_context_t ctx, chi_route_t route, chi_met
  * chi_dev_detail::thread_copy (plain loads in batches); modes 2-4 batches
  * of 8 16-byte loads with ld.volatile, ld.relaxed.sys and ld.global.cv
  * (which of them a thread keeps in flight at once).  *ns: total. */
-template <int kMode>
-__device__ void load8(const uint8_t *p, uint64_t *a, uint64_t *b) {
-  if (kMode == 2)
+/* One 16-byte load of kind K: 0 ld.acquire.sys, 1 ld.volatile, 2
+ * ld.relaxed.sys, 3 ld.global.cv, 4 ld.global.cg, 5 ld.global.L1::no_allocate. */
+template <int K>
+__device__ void load16(const void *p, uint64_t *a, uint64_t *b) {
+  if (K == 0)
+    asm volatile("ld.acquire.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
+  else if (K == 1)
     asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
-  else if (kMode == 3)
+  else if (K == 2)
     asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
-  else
+  else if (K == 3)
     asm volatile("ld.global.cv.v2.u64 {%0, %1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
+  else if (K == 4)
+    asm volatile("ld.global.cg.v2.u64 {%0, %1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
+  else
+    asm volatile("ld.global.L1::no_allocate.v2.u64 {%0, %1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
 }
 template <int kMode>
 __device__ void batch_copy(const uint8_t *src, uint8_t *dst, uint32_t bytes) {
   for (uint32_t i = 0; i < bytes; i += 128u) {
     uint64_t a[8], b[8];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) load8<kMode>(src + i + 16u * k, &a[k], &b[k]);
+    for (int k = 0; k < 8; ++k) load16<kMode - 1>(src + i + 16u * k, &a[k], &b[k]);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       reinterpret_cast<uint64_t *>(dst + i + 16u * k)[0] = a[k];
@@ -301,19 +309,6 @@ __global__ void k_fence_probe(const uint64_t *host, uint32_t reps, int mode, uin
  * volatile load of words 2-3 (today's young poll for 8 bytes); 2, with 8
  * volatile loads; 3, with 8 ld.global.cg; 4, with 8 ld.global.L1::no_allocate
  * (weak); 5, 9 ld.global.cg and no acquire; 6, 9 ld.relaxed.sys. */
-template <int kKind>
-__device__ void poll_load(const uint64_t *p, uint64_t *a, uint64_t *b) {
-  if (kKind == 0)
-    asm volatile("ld.acquire.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
-  else if (kKind == 1)
-    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
-  else if (kKind == 2)
-    asm volatile("ld.global.cg.v2.u64 {%0, %1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
-  else if (kKind == 3)
-    asm volatile("ld.global.L1::no_allocate.v2.u64 {%0, %1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
-  else
-    asm volatile("ld.relaxed.sys.global.v2.u64 {%0, %1}, [%2];" : "=l"(*a), "=l"(*b) : "l"(p) : "memory");
-}
 __global__ void k_poll_probe(const uint64_t *rec, uint32_t reps, int mode, uint64_t *ns) {
   uint64_t sink = 0;
   const uint64_t t0 = chi_port::timer_ns();
@@ -322,18 +317,18 @@ __global__ void k_poll_probe(const uint64_t *rec, uint32_t reps, int mode, uint6
     uint64_t a[9] = {}, b[9] = {};
     const uint32_t extra = mode == 0 ? 0u : mode == 1 ? 1u : 8u;
     if (mode <= 4) {
-      poll_load<0>(p, &a[0], &b[0]);
+      load16<0>(p, &a[0], &b[0]);
       for (uint32_t j = 1; j <= extra; ++j) {
         const uint64_t *q = p + (j == 1u ? 2u : 16u + 2u * j); /* words 2-3, then 18.. */
-        if (mode <= 2) poll_load<1>(q, &a[j], &b[j]);
-        else if (mode == 3) poll_load<2>(q, &a[j], &b[j]);
-        else poll_load<3>(q, &a[j], &b[j]);
+        if (mode <= 2) load16<1>(q, &a[j], &b[j]);
+        else if (mode == 3) load16<4>(q, &a[j], &b[j]);
+        else load16<5>(q, &a[j], &b[j]);
       }
     } else {
       for (uint32_t j = 0; j < 9u; ++j) {
         const uint64_t *q = p + (j == 0u ? 0u : j == 1u ? 2u : 16u + 2u * j);
-        if (mode == 5) poll_load<2>(q, &a[j], &b[j]);
-        else poll_load<4>(q, &a[j], &b[j]);
+        if (mode == 5) load16<4>(q, &a[j], &b[j]);
+        else load16<2>(q, &a[j], &b[j]);
       }
     }
     for (uint32_t j = 0; j < 9u; ++j) sink += a[j] ^ b[j];
