@@ -144,6 +144,17 @@ void sleep_ms(int ms) {
   nanosleep(&ts, nullptr);
 }
 
+// The number in a pid file, or 0.
+int read_pid(const std::string &path) {
+  FILE *f = fopen(path.c_str(), "r");
+  int pid = 0;
+  if (f) {
+    if (fscanf(f, "%d", &pid) != 1) pid = 0;
+    fclose(f);
+  }
+  return pid;
+}
+
 int fake_daemon(const std::string &dir) {
   const pid_t pid = fork();
   if (pid < 0) return 1;
@@ -177,12 +188,7 @@ int fake_control(int argc, char **argv) {
   char cmd[64] = {};
   if (!fgets(cmd, sizeof cmd, stdin) || std::strncmp(cmd, "quit", 4) != 0) return 4;
   if (m == "slow-quit") sleep_ms(4000);
-  FILE *f = fopen((dir + "/fake.pid").c_str(), "r");
-  int pid = 0;
-  if (f) {
-    if (fscanf(f, "%d", &pid) != 1) pid = 0;
-    fclose(f);
-  }
+  const int pid = read_pid(dir + "/fake.pid");
   if (pid <= 0) return 5;
   unlink((dir + "/control").c_str());
   kill(pid, SIGTERM);
@@ -206,12 +212,7 @@ void fake_on_path(const char *mode) {
 
 // Ends the fake daemon of dir, if one runs (test cleanup).
 void stop_fake(const std::string &dir) {
-  FILE *f = fopen((dir + "/fake.pid").c_str(), "r");
-  int pid = 0;
-  if (f) {
-    if (fscanf(f, "%d", &pid) != 1) pid = 0;
-    fclose(f);
-  }
+  const int pid = read_pid(dir + "/fake.pid");
   if (pid > 0) kill(pid, SIGTERM);
 }
 
@@ -264,12 +265,7 @@ void test_start_share_and_quit(void **) {
   assert_string_equal(getenv("CUDA_MPS_PIPE_DIRECTORY"), dir.c_str());
   assert_string_equal(getenv("CUDA_MPS_LOG_DIRECTORY"), (dir + "/log").c_str());
   assert_true(chi::mps::control_answers(dir));
-  FILE *f = fopen((dir + "/chimaera-mps.started").c_str(), "r");
-  assert_non_null(f);
-  int pid = 0;
-  assert_int_equal(fscanf(f, "%d", &pid), 1);
-  fclose(f);
-  assert_int_equal(pid, int(getpid()));
+  assert_int_equal(read_pid(dir + "/chimaera-mps.started"), int(getpid()));
   // A second runtime (another open of the users file: another holder) uses it.
   assert_int_equal(b.join(), CHI_OK);
   assert_string_equal(b.directory().c_str(), dir.c_str());

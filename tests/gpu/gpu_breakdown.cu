@@ -319,14 +319,14 @@ __global__ void k_poll_probe(const uint64_t *rec, uint32_t reps, int mode, uint6
     if (mode <= 4) {
       load16<0>(p, &a[0], &b[0]);
       for (uint32_t j = 1; j <= extra; ++j) {
-        const uint64_t *q = p + (j == 1u ? 2u : 16u + 2u * j); /* words 2-3, then 18.. */
+        const uint64_t *q = p + (j == 1u ? 2u : 14u + 2u * j); /* words 2-3, then 18-31 */
         if (mode <= 2) load16<1>(q, &a[j], &b[j]);
         else if (mode == 3) load16<4>(q, &a[j], &b[j]);
         else load16<5>(q, &a[j], &b[j]);
       }
     } else {
       for (uint32_t j = 0; j < 9u; ++j) {
-        const uint64_t *q = p + (j == 0u ? 0u : j == 1u ? 2u : 16u + 2u * j);
+        const uint64_t *q = p + (j == 0u ? 0u : j == 1u ? 2u : 14u + 2u * j);
         if (mode == 5) load16<4>(q, &a[j], &b[j]);
         else load16<2>(q, &a[j], &b[j]);
       }
