@@ -142,10 +142,10 @@ CHI_DEVICE chi_status_t submit_one(const chi_dev_context_t *ctx, chi_route_t rou
 
 /* GPU->GPU, the end of a wait: the reply's header words carry gen (r, as
  * local_poll read them).  held: this wait claimed the future before
- * (WAITING); else it claims it now from `seen` (the state word it read:
- * SUBMITTED, or DONE once the orchestrator marked it).  Takes the output,
- * marks the future consumed and frees the slot; on CHI_ERR_TOO_LARGE the
- * future stays valid. */
+ * (WAITING); else `seen` is the state word it read: CLAIMED when the wait
+ * claimed the finished task already (chi_dev_wait's second CAS), else
+ * SUBMITTED or DONE, claimed now.  Takes the output, marks the future
+ * consumed and frees the slot; on CHI_ERR_TOO_LARGE the future stays valid. */
 CHI_DEVICE chi_status_t local_take(const chi_dev_layout *l, uint32_t slot, uint32_t gen, bool held, uint32_t seen,
                                    d2d_reply *r, void *output, uint32_t output_capacity, uint32_t *output_size,
                                    bool peer = false) {
@@ -153,11 +153,14 @@ CHI_DEVICE chi_status_t local_take(const chi_dev_layout *l, uint32_t slot, uint3
   const uint32_t g8 = gen << 8;
   const chi_status_t status = static_cast<chi_status_t>(ll_data(r->h0));
   const uint32_t osize = ll_data(r->h1);
+  const bool took = !held && seen == (g8 | CHI_DEV_SLOT_CLAIMED);
   if (output && osize > output_capacity) {
     if (held) { /* give the future back, DONE if the orchestrator marked it meanwhile */
       uint32_t expect = g8 | CHI_DEV_SLOT_WAITING;
       if (!chi_port::cas_relaxed_dev(state, &expect, g8 | CHI_DEV_SLOT_SUBMITTED))
         chi_port::st_relaxed_dev(state, g8 | CHI_DEV_SLOT_DONE);
+    } else if (took) {
+      chi_port::st_relaxed_dev(state, g8 | CHI_DEV_SLOT_DONE);
     }
     if (output_size) *output_size = osize;
     return CHI_ERR_TOO_LARGE;
@@ -170,7 +173,7 @@ CHI_DEVICE chi_status_t local_take(const chi_dev_layout *l, uint32_t slot, uint3
    * submit takes it.  An LL output is in registers once complete: the slot
    * is freed first, so the free does not wait for the stores into the
    * caller's buffer. */
-  if (!held) {
+  if (!held && !took) {
     /* The orchestrator may set DONE between the read and the claim: once more then. */
     uint32_t expect = seen;
     if (!chi_port::cas_relaxed_dev(state, &expect, g8 | CHI_DEV_SLOT_CLAIMED) &&
@@ -274,18 +277,26 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
     d2d_reply r = {};
     uint32_t s;
     bool held = false; /* this wait claimed the future before the task ended (WAITING) */
+    bool took = false; /* ... or after it ended (CLAIMED) */
     if (timeout_ns != 0) {
-      /* Claim first: the CAS is in flight beside the first poll, while the task runs. */
-      uint32_t expect = g8 | CHI_DEV_SLOT_SUBMITTED;
+      /* Claim first: the CAS is in flight beside the first poll, while the
+       * task runs.  A second CAS goes with it, not after its answer: a task
+       * that ended already (DONE: a future waited for late, a fast task) is
+       * claimed in the same round trip, where a claim after the poll
+       * (local_take) would take one more.  On one word, in this order: at
+       * most one of them succeeds. */
+      uint32_t expect = g8 | CHI_DEV_SLOT_SUBMITTED, expect_done = g8 | CHI_DEV_SLOT_DONE;
       held = chi_port::cas_relaxed_dev(state, &expect, g8 | CHI_DEV_SLOT_WAITING);
-      s = expect;
+      took = chi_port::cas_relaxed_dev(state, &expect_done, g8 | CHI_DEV_SLOT_CLAIMED);
+      s = took ? g8 | CHI_DEV_SLOT_CLAIMED : expect;
     } else {
       s = chi_port::ld_relaxed_dev(state);
     }
     bool got = local_poll(l, slot, gen, want, &r);
-    /* Not claimed: done already (claimed in local_take), not done (a poll),
-     * or not this future's (another generation, another waiter, consumed). */
-    if (!held && ((s >> 8) != gen || ((s & 0xFFu) != CHI_DEV_SLOT_SUBMITTED && (s & 0xFFu) != CHI_DEV_SLOT_DONE)))
+    /* Not claimed: not done (a poll), or not this future's (another
+     * generation, another waiter, consumed). */
+    if (!held && !took &&
+        ((s >> 8) != gen || ((s & 0xFFu) != CHI_DEV_SLOT_SUBMITTED && (s & 0xFFu) != CHI_DEV_SLOT_DONE)))
       return CHI_ERR_INVALID;
     while (!got) {
       const uint64_t waited = chi_port::timer_ns() - t0;
@@ -294,6 +305,8 @@ CHI_DEVICE chi_status_t chi_dev_wait(const chi_dev_context_t *ctx, chi_future_t 
           uint32_t expect = g8 | CHI_DEV_SLOT_WAITING;
           if (!chi_port::cas_relaxed_dev(state, &expect, g8 | CHI_DEV_SLOT_SUBMITTED))
             chi_port::st_relaxed_dev(state, g8 | CHI_DEV_SLOT_DONE);
+        } else if (took) { /* done, its reply words not seen yet: back to DONE */
+          chi_port::st_relaxed_dev(state, g8 | CHI_DEV_SLOT_DONE);
         }
         return CHI_ERR_TIMEOUT;
       }
