@@ -489,13 +489,20 @@ uint32_t CpuExecutor::slots_in_use() const {
   return n;
 }
 
-// Wakes a sleeping worker unless one is already spinning on the queues: a
-// spinning worker will take the task, and a futex wake costs microseconds.
+// Wakes a sleeping worker unless one is already spinning on the queues (a
+// spinning worker will take the task, and a futex wake costs microseconds)
+// or a wake is already under way (wake_pending_: the woken worker looks at
+// the queues once it runs; worker_main's sleep says why nothing is missed).
 void CpuExecutor::notify_worker() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   // sleepers_ first: it rarely changes, so its line stays shared and cheap.
   if (sleepers_.load(std::memory_order_seq_cst) == 0) return;
   if (spinning(1) > 0) return;
+  // Only the caller that flips the flag 0 -> 1 wakes.  The plain load first:
+  // while a wake is under way the line stays shared, not taken by an RMW.
+  if (wake_pending_.load(std::memory_order_relaxed) != 0 ||
+      wake_pending_.exchange(1, std::memory_order_seq_cst) != 0)
+    return;
   idle_seq_.fetch_add(1, std::memory_order_release);
   futex_wake(&idle_seq_, 1);
 }
@@ -652,7 +659,9 @@ void CpuExecutor::worker_main(unsigned id) {
       // and fences before it reads the others', so the last to read sees
       // every other flag clear and looks.  The look read the tail of the
       // queue just popped, a line the submitter had written: 0.1-0.25 us
-      // of a lone task's round trip on the 16-CPU host.
+      // of a lone task's round trip on the 16-CPU host.  And notify_worker
+      // skips the wake while one is under way (wake_pending_): the worker
+      // woken looks at the queues once it runs.
       if (sleepers_.load(std::memory_order_seq_cst) != 0 && spinning(1, me) == 0 && any_task(tls_worker))
         notify_worker();
       run_task(task);
@@ -714,6 +723,28 @@ void CpuExecutor::worker_main(unsigned id) {
     // fence between their write and their read).
     sleepers_.fetch_add(1, std::memory_order_seq_cst);
     uint32_t seq = idle_seq_.load(std::memory_order_seq_cst);
+    // One wake under way at a time (wake_pending_): a submitter (or a look
+    // after a pop) that finds the flag set skips its wake.  Its task is not
+    // missed.  It read the flag after its fence; a clear that comes after
+    // the set it read is followed by the clearer's fence and a look at the
+    // queues (here the one below, after futex_wait the pop at the top of the
+    // loop), so its fence is ordered after the submitter's and that look
+    // sees the task (or its taker did).  And a set is always followed by
+    // such a clear while anyone sleeps: the waker bumps idle_seq_ after it,
+    // so a worker that read seq before the bump finds the word changed in
+    // futex_wait or is asleep when the waker's futex_wake comes, which wakes
+    // it or another sleeper, and each clears once futex_wait returns; one
+    // that reads seq after the bump clears here, after the set.  A set
+    // stays uncleared only while no worker sleeps on idle_seq_, and then the
+    // skipped wake would have found nobody either: the workers are awake,
+    // and a pop of theirs takes the task, or the look of the next one to
+    // sleep, which clears first.  Cleared after the seq read, not before: a
+    // set between the two whose bump this read saw would have no clear after
+    // it (this worker's futex_wait does not return for that bump), and the
+    // tasks of the submitters that skipped would wait, this worker asleep,
+    // for some busy worker's next pop.
+    wake_pending_.store(0, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
     if (any_task()) {
       sleepers_.fetch_sub(1, std::memory_order_relaxed);
       continue;
@@ -723,6 +754,13 @@ void CpuExecutor::worker_main(unsigned id) {
       break;
     }
     futex_wait(&idle_seq_, seq, -1);
+    // Woken (or the word had changed): clear again, fenced before the pop at
+    // the top of the loop, so that later submitters wake another worker
+    // while this one may still wait for a CPU, and a submitter that skipped
+    // its wake on the set that woke this worker has its task seen by that
+    // pop (the argument above).
+    wake_pending_.store(0, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
     sleepers_.fetch_sub(1, std::memory_order_relaxed);
   }
   log(LogLevel::kDebug, "CPU worker %u stopped", id);

@@ -173,6 +173,23 @@ class CpuExecutor final : public Executor {
   std::vector<pthread_t> workers_;
   std::atomic<bool> stopping_{false};
   alignas(64) std::atomic<uint32_t> idle_seq_{0};   // futex word of idle workers
+  // One wake under way at a time.  A waker (notify_worker, after it finds a
+  // sleeper and no spinner) wakes only if it flips this 0 -> 1 with an
+  // exchange, then bumps idle_seq_ and calls futex_wake; while it is set,
+  // submitters and the look after a pop skip their wake, since the worker
+  // on its way looks at the queues once it runs.  A sleeper clears it after
+  // its read of idle_seq_ and again once futex_wait returns, each time
+  // fenced before its next look at the queues, so a task whose submitter
+  // saw the flag set is seen by that look (worker_main argues it).  On 2
+  // CPUs a woken worker counts in sleepers_ until it gets a CPU,
+  // microseconds, and without the flag every submit and every pop in that
+  // time made another futex_wake that found nobody (~420k a bench run).
+  // The price: a burst after an idle spell wakes sleepers one after another
+  // (each woken worker clears the flag, and passes the wake on when it sees
+  // more work), not one per submit.  Beside idle_seq_: only wakers, sleepers
+  // and shutdown touch either, and submitters read it only when someone
+  // sleeps and no one spins.
+  std::atomic<uint32_t> wake_pending_{0};
   // Each on its own line: submitters read sleepers_ on every submit, while
   // the spinning flags change with every idle spell of a worker.
   alignas(64) std::atomic<int32_t> sleepers_{0};     // workers asleep on idle_seq_
@@ -180,9 +197,9 @@ class CpuExecutor final : public Executor {
   // worker (worker i: byte i % kSpinFlags).  A worker that finds a task
   // clears its byte with a plain store and a fence before it takes the task
   // (a shared counter's atomic RMW there measured slower on the 2-core VM).
-  // Submitters read the bytes after sleepers_ and skip the wake while one is
-  // set.  Two workers of one byte (past 256 workers) only cost a needless
-  // wake or an extra spinner.
+  // Submitters read the bytes after sleepers_ (and before wake_pending_) and
+  // skip the wake while one is set.  Two workers of one byte (past 256
+  // workers) only cost a needless wake or an extra spinner.
   static constexpr uint32_t kSpinFlags = 256;
   alignas(64) std::atomic<uint8_t> spinning_[kSpinFlags] = {};
   // The spinning worker that looks at the queues (its id + 1; 0: none).  The
