@@ -609,6 +609,91 @@ static void test_spinners_leave_together(void **state) {
   }
 }
 
+/* Bursts after idle spells, each task of a burst needing a worker of its
+ * own: kBurst handlers that wait for each other (a barrier bounded at 10 s,
+ * so a lost wake-up fails the test instead of hanging it).  One wake is
+ * under way at a time (wake_pending_): submitters that find it set skip
+ * their wake, and the woken worker passes the wake on when it sees more
+ * work, so every sleeper of a burst is woken in a chain.  A task whose
+ * submitter skipped its wake must be seen by the look of the worker woken
+ * (the sleep protocol's clears, docs/threading.md), or the barrier waits
+ * for a worker that never comes.  Submitted from one thread and from
+ * kBurst threads at once, after pauses long enough for every worker to
+ * sleep (spin_ns: 0, and a short spin) and without them. */
+enum { kBurst = 4 };
+typedef struct barrier_round {
+  atomic_int arrived;
+  atomic_int timed_out;
+} barrier_round_t;
+
+static chi_status_t barrier_handler(chi_request_t *req, void *user) {
+  barrier_round_t *b = user;
+  atomic_fetch_add(&b->arrived, 1);
+  int i = 0;
+  for (; i < 10000 && atomic_load(&b->arrived) < kBurst; i++) sleep_ms(1);
+  if (atomic_load(&b->arrived) < kBurst) atomic_store(&b->timed_out, 1);
+  req->output_size = 0;
+  return CHI_OK;
+}
+
+typedef struct burst_arg {
+  chi_runtime_t *rt;
+  chi_method_t method;
+  atomic_int *go;
+  chi_future_t future;
+  chi_status_t status;
+} burst_arg_t;
+
+static void *burst_submitter(void *varg) {
+  burst_arg_t *a = varg;
+  while (!atomic_load(a->go)) sched_yield();
+  a->status = chi_submit(a->rt, CHI_ROUTE_CPU, a->method, NULL, 0, &a->future);
+  return NULL;
+}
+
+static void test_burst_wakes_every_worker(void **state) {
+  (void)state;
+  SKIP_IN_CLIENT_MODE("spin_ns in this YAML is the embedded runtime's own; a client's tasks run on the "
+                      "server's workers");
+  static const char *const yaml[2] = {"spin_ns: 0\nworker_pop_batch: 1\n",
+                                      "spin_ns: 20000\nworker_spinners: 1\nworker_pop_batch: 1\n"};
+  for (int v = 0; v < 2; v++) {
+    chi_runtime_t *rt = chi_test_init_yaml(kBurst, yaml[v]);
+    static barrier_round_t b;
+    chi_method_t m = 0;
+    assert_status(CHI_OK, chi_register_handler(rt, "test.barrier", barrier_handler, &b, &m));
+    const long rounds = chi_test_scaled(200);
+    for (long round = 0; round < rounds; round++) {
+      atomic_store(&b.arrived, 0);
+      atomic_store(&b.timed_out, 0);
+      if (round % 4 != 3) sleep_ms(round % 4 == 0 ? 5 : 1); /* the workers go to sleep */
+      chi_future_t f[kBurst] = {0};
+      if (round % 2 == 0) {
+        for (int i = 0; i < kBurst; i++) assert_status(CHI_OK, chi_submit(rt, CHI_ROUTE_CPU, m, NULL, 0, &f[i]));
+      } else {
+        atomic_int go = 0;
+        pthread_t t[kBurst];
+        burst_arg_t a[kBurst];
+        for (int i = 0; i < kBurst; i++) {
+          a[i] = (burst_arg_t){rt, m, &go, 0, CHI_ERR_INTERNAL};
+          assert_int_equal(0, pthread_create(&t[i], NULL, burst_submitter, &a[i]));
+        }
+        atomic_store(&go, 1);
+        join_all(t, kBurst);
+        for (int i = 0; i < kBurst; i++) {
+          assert_status(CHI_OK, a[i].status);
+          f[i] = a[i].future;
+        }
+      }
+      for (int i = 0; i < kBurst; i++) assert_status(CHI_OK, chi_wait(rt, f[i], 20000000000LL, NULL, 0, NULL));
+      if (atomic_load(&b.timed_out))
+        fail_msg("round %ld (%s): %d of %d tasks of a burst ran at once: a sleeper was not woken", round,
+                 yaml[v], atomic_load(&b.arrived), kBurst);
+    }
+    assert_status(CHI_OK, chi_finalize(rt));
+  }
+}
+
 static void test_blocking_submit_times_out(void **state) {
   (void)state;
   SKIP_IN_CLIENT_MODE(kClientSlotsReason);
@@ -898,6 +983,7 @@ int main(void) {
       cmocka_unit_test(test_blocking_submit_times_out),
       cmocka_unit_test(test_idle_worker_runs_beside_busy),
       cmocka_unit_test(test_spinners_leave_together),
+      cmocka_unit_test(test_burst_wakes_every_worker),
       cmocka_unit_test(test_blocking_submit_gets_freed_slot),
       cmocka_unit_test(test_nonblocking_submitters),
       cmocka_unit_test(test_racing_waiters),
