@@ -50,6 +50,9 @@ chi_setting_variant(pop_batch "CHI_WORKER_POP_BATCH=4" test_api test_batch test_
 # Four spinning workers (worker_spinners; CI's 2 CPUs give one by default),
 # so that the storms pass the watch between spinners.
 chi_setting_variant(spinners "CHI_WORKER_SPINNERS=4" test_batch test_concurrency)
+# Waiters that run their thread's queued tasks (inline_wait): the storms,
+# nested submits and racing waiters with tasks run on application threads.
+chi_setting_variant(inline_wait "CHI_INLINE_WAIT=true" test_api test_batch test_concurrency)
 
 add_test(NAME test_install
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/install/run_install_test.sh

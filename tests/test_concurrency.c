@@ -694,6 +694,82 @@ static void test_burst_wakes_every_worker(void **state) {
   }
 }
 
+/* inline_wait: every worker held in a handler, a task of this thread's
+ * still runs, on the waiting thread (its handler sees no worker free).
+ * Without the setting the same wait times out (the future stays valid and
+ * is taken once the workers are released).  A task run inline may submit
+ * and wait for a task of its own (chi.echo from inside "test.relay"), which
+ * runs inline too. */
+typedef struct relay_ctx {
+  chi_runtime_t *rt;
+  atomic_int ran_on_test_thread;
+  pthread_t test_thread;
+} relay_ctx_t;
+
+static chi_status_t relay_handler(chi_request_t *req, void *user) {
+  relay_ctx_t *c = user;
+  if (pthread_equal(pthread_self(), c->test_thread)) atomic_fetch_add(&c->ran_on_test_thread, 1);
+  chi_future_t f = 0;
+  chi_status_t s = chi_submit(c->rt, CHI_ROUTE_CPU, CHI_METHOD_ECHO, req->input, req->input_size, &f);
+  if (s != CHI_OK) return s;
+  size_t got = 0;
+  s = chi_wait(c->rt, f, 10000000000LL, req->output, req->output_capacity, &got);
+  req->output_size = got;
+  return s;
+}
+
+static void test_inline_wait(void **state) {
+  (void)state;
+  SKIP_IN_CLIENT_MODE("inline_wait runs an embedded runtime's queued tasks; a client's tasks run on the server");
+  static const char *const yaml[2] = {"inline_wait: false\n", "inline_wait: true\n"};
+  /* The file decides here, not the inline_wait variant's CHI_INLINE_WAIT. */
+  char *env = getenv("CHI_INLINE_WAIT");
+  char saved[16] = {0};
+  if (env) snprintf(saved, sizeof saved, "%s", env);
+  unsetenv("CHI_INLINE_WAIT");
+  for (int v = 0; v < 2; v++) {
+    chi_runtime_t *rt = chi_test_init_yaml(2, yaml[v]);
+    static hold_t h;
+    static relay_ctx_t c;
+    c.rt = rt;
+    c.test_thread = pthread_self();
+    atomic_store(&c.ran_on_test_thread, 0);
+    chi_method_t hold = 0, relay = 0;
+    assert_status(CHI_OK, chi_register_handler(rt, "test.hold", hold_handler, &h, &hold));
+    assert_status(CHI_OK, chi_register_handler(rt, "test.relay", relay_handler, &c, &relay));
+    const long rounds = chi_test_scaled(20);
+    for (long round = 0; round < rounds; round++) {
+      atomic_store(&h.running, 0);
+      atomic_store(&h.release, 0);
+      chi_future_t held[2], f = 0;
+      for (int i = 0; i < 2; i++) assert_status(CHI_OK, chi_submit(rt, CHI_ROUTE_CPU, hold, NULL, 0, &held[i]));
+      while (atomic_load(&h.running) < 2) sched_yield();
+      char in[8] = "relay", out[8] = {0};
+      size_t got = 0;
+      assert_status(CHI_OK, chi_submit(rt, CHI_ROUTE_CPU, relay, in, sizeof in, &f));
+      /* v 0: no worker is free, so nothing runs it within 20 ms.  v 1: the
+       * waiter runs it, and its child, while both workers are still held. */
+      const chi_status_t s = chi_wait(rt, f, v ? 10000000000LL : 20000000LL, out, sizeof out, &got);
+      const int released = atomic_load(&h.release);
+      atomic_store(&h.release, 1);
+      if (v) {
+        assert_status(CHI_OK, s);
+        assert_int_equal(released, 0);
+      } else {
+        assert_status(CHI_ERR_TIMEOUT, s);
+        assert_status(CHI_OK, chi_wait(rt, f, 10000000000LL, out, sizeof out, &got));
+      }
+      assert_int_equal(got, sizeof in);
+      assert_memory_equal(out, in, sizeof in);
+      for (int i = 0; i < 2; i++) assert_status(CHI_OK, chi_wait(rt, held[i], -1, NULL, 0, NULL));
+    }
+    if (v) assert_int_equal(atomic_load(&c.ran_on_test_thread), rounds);
+    else assert_int_equal(atomic_load(&c.ran_on_test_thread), 0);
+    assert_status(CHI_OK, chi_finalize(rt));
+  }
+  if (saved[0]) setenv("CHI_INLINE_WAIT", saved, 1);
+}
+
 static void test_blocking_submit_times_out(void **state) {
   (void)state;
   SKIP_IN_CLIENT_MODE(kClientSlotsReason);
@@ -984,6 +1060,7 @@ int main(void) {
       cmocka_unit_test(test_idle_worker_runs_beside_busy),
       cmocka_unit_test(test_spinners_leave_together),
       cmocka_unit_test(test_burst_wakes_every_worker),
+      cmocka_unit_test(test_inline_wait),
       cmocka_unit_test(test_blocking_submit_gets_freed_slot),
       cmocka_unit_test(test_nonblocking_submitters),
       cmocka_unit_test(test_racing_waiters),

@@ -183,6 +183,8 @@ const Setting kSettings[] = {
      [](Config &c, const Value &v) { c.client_spin_min_cpus = static_cast<uint32_t>(v.i); }},
     {"submit_blocking", "CHI_SUBMIT_BLOCKING", Kind::kBool, 0, 0, false,
      [](Config &c, const Value &v) { c.submit_blocking = v.b; }},
+    {"inline_wait", "CHI_INLINE_WAIT", Kind::kBool, 0, 0, false,
+     [](Config &c, const Value &v) { c.inline_wait = v.b; }},
     {"submit_timeout_ms", "CHI_SUBMIT_TIMEOUT_MS", Kind::kInt, 0, 3600000, false,
      [](Config &c, const Value &v) { c.submit_timeout_ms = static_cast<uint32_t>(v.i); }},
     {"worker_stack_size", "CHI_WORKER_STACK_SIZE", Kind::kBytes, 64 << 10, int64_t(64) << 30, false,

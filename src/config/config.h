@@ -62,6 +62,7 @@ struct Config {
   int64_t client_yield_ns = 1000000;   // a client's waiter then polls with sched_yield this long, 0..1e10
   uint32_t client_spin_min_cpus = 4;   // clients spin and yield only on machines of at least this many CPUs
   bool submit_blocking = true;         // full slots: block (up to submit_timeout_ms) or fail with CHI_ERR_AGAIN
+  bool inline_wait = false;            // embedded: a waiter runs tasks still queued on its thread's queue
   uint32_t submit_timeout_ms = 1000;   // bound of a blocking submit, 0..3600000
   uint64_t worker_stack_size = 0;      // CPU worker stacks, bytes; 0: the system default for new
                                        // threads (ulimit -s), else 64 KiB..64 GiB

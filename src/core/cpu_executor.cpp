@@ -596,6 +596,10 @@ bool CpuExecutor::pop_task(QueuedTask *task, bool own_only, bool batch) {
   return false;
 }
 
+bool CpuExecutor::pop_home(QueuedTask *task) {
+  return run_[thread_index() & (nrings_ - 1)].pop(task, input_dst, this);
+}
+
 bool CpuExecutor::any_task(uint32_t from, uint32_t *ring) const {
   for (uint32_t k = 0, r = from & (nrings_ - 1); k < nrings_; ++k, r = r + 1 == nrings_ ? 0 : r + 1)
     if (run_[r].maybe_nonempty()) {
@@ -788,17 +792,30 @@ chi_status_t CpuExecutor::wait_done(uint32_t slot, uint32_t gen, int64_t timeout
     if (timeout_ns > 0 && since_ns) left = std::max<int64_t>(0, timeout_ns - (now_ns() - since_ns));
     // A worker waiting on a task helps run the queue, so a pool whose every
     // worker waits on nested tasks still makes progress; it re-checks the
-    // queue every ms while it sleeps.
+    // queue every ms while it sleeps.  With inline_wait an application
+    // thread helps too, from its own thread's queue only (where its task
+    // went), so a task no worker has taken yet runs on the waiter instead
+    // of waiting for one (docs/threading.md, "Inline waits").
+    const bool worker = on_worker_thread();
     slot::WaitPolicy p;
     p.spin_ns = cfg_.spin_ns;
-    p.helper = on_worker_thread();
+    p.helper = worker || cfg_.inline_wait;
     if (p.helper) p.slice_ns = 1000000;
     const bool own_only = tls_help_depth >= kMaxHelpDepth;
     auto help = [&] {
       QueuedTask task;
-      if (!p.helper || !pop_task(&task, own_only)) return false;
+      if (!p.helper) return false;
+      if (worker ? !pop_task(&task, own_only) : own_only || !pop_home(&task)) return false;
       ++tls_help_depth;
-      run_task(task);
+      if (worker) {
+        run_task(task);
+      } else {
+        // A handler never blocks for a slot (submit); on this thread either.
+        const bool never_blocks = tls_submit_never_blocks;
+        tls_submit_never_blocks = true;
+        run_task(task);
+        tls_submit_never_blocks = never_blocks;
+      }
       --tls_help_depth;
       return true;
     };

@@ -122,6 +122,8 @@ class CpuExecutor final : public Executor {
   // queues.  batch: a worker takes up to pop_batch_ tasks of a shared queue
   // at once (its own loop only).
   bool pop_task(QueuedTask *task, bool own_only, bool batch = false);
+  // The calling application thread's own run queue only (inline_wait).
+  bool pop_home(QueuedTask *task);
   // Queues an application thread's task on its run queue, else another one.
   void push_shared(const QueuedTask &task, const void *input, uint8_t *slot_input);
   static uint8_t *input_dst(void *self, uint32_t slot);
