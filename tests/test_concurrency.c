@@ -699,16 +699,18 @@ static void test_burst_wakes_every_worker(void **state) {
  * Without the setting the same wait times out (the future stays valid and
  * is taken once the workers are released).  A task run inline may submit
  * and wait for a task of its own (chi.echo from inside "test.relay"), which
- * runs inline too. */
+ * runs inline too, and its chi_finalize is refused as on a worker. */
 typedef struct relay_ctx {
   chi_runtime_t *rt;
   atomic_int ran_on_test_thread;
   pthread_t test_thread;
+  chi_status_t finalize_status; /* chi_finalize from the first relay: refused */
 } relay_ctx_t;
 
 static chi_status_t relay_handler(chi_request_t *req, void *user) {
   relay_ctx_t *c = user;
   if (pthread_equal(pthread_self(), c->test_thread)) atomic_fetch_add(&c->ran_on_test_thread, 1);
+  if (c->finalize_status == CHI_OK) c->finalize_status = chi_finalize(c->rt);
   chi_future_t f = 0;
   chi_status_t s = chi_submit(c->rt, CHI_ROUTE_CPU, CHI_METHOD_ECHO, req->input, req->input_size, &f);
   if (s != CHI_OK) return s;
@@ -733,6 +735,7 @@ static void test_inline_wait(void **state) {
     static relay_ctx_t c;
     c.rt = rt;
     c.test_thread = pthread_self();
+    c.finalize_status = CHI_OK;
     atomic_store(&c.ran_on_test_thread, 0);
     chi_method_t hold = 0, relay = 0;
     assert_status(CHI_OK, chi_register_handler(rt, "test.hold", hold_handler, &h, &hold));
@@ -765,6 +768,7 @@ static void test_inline_wait(void **state) {
     }
     if (v) assert_int_equal(atomic_load(&c.ran_on_test_thread), rounds);
     else assert_int_equal(atomic_load(&c.ran_on_test_thread), 0);
+    assert_status(CHI_ERR_INVALID, c.finalize_status);
     assert_status(CHI_OK, chi_finalize(rt));
   }
   if (saved[0]) setenv("CHI_INLINE_WAIT", saved, 1);

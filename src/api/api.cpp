@@ -205,7 +205,7 @@ CHI_API chi_status_t chi_finalize(chi_runtime_t *rt) {
   return guarded([&]() -> chi_status_t {
     CHI_HANDLE(rt);
     chi::Runtime *e = rt->engine ? rt->engine : rt->client->local_if_any();
-    if (e && e->cpu().on_worker_thread())
+    if (e && e->cpu().in_handler())
       return set_error(CHI_ERR_INVALID, "chi_finalize called from one of the runtime's handlers");
     chi_status_t s = CHI_OK;
     std::string msg;

@@ -30,6 +30,7 @@ constexpr int kMaxHelpDepth = 16;
 CHI_TLS const void *tls_pool = nullptr;
 CHI_TLS uint32_t tls_worker = 0;
 CHI_TLS int tls_help_depth = 0;
+CHI_TLS const void *tls_inline_pool = nullptr;  // the pool whose task this application thread runs (inline_wait)
 CHI_TLS bool tls_submit_never_blocks = false;
 CHI_TLS uint32_t tls_free_hint = 0;  // the free-slot shard this thread last took from
 CHI_TLS uint32_t tls_pops = 0;       // pop_task calls of this worker
@@ -228,6 +229,10 @@ bool submit_never_blocks() { return tls_submit_never_blocks; }
 
 bool CpuExecutor::on_worker_thread() const {
   return tls_pool == this;
+}
+
+bool CpuExecutor::in_handler() const {
+  return tls_pool == this || tls_inline_pool == this;
 }
 
 bool CpuExecutor::grow(uint32_t want) {
@@ -810,11 +815,15 @@ chi_status_t CpuExecutor::wait_done(uint32_t slot, uint32_t gen, int64_t timeout
       if (worker) {
         run_task(task);
       } else {
-        // A handler never blocks for a slot (submit); on this thread either.
+        // A handler never blocks for a slot (submit), nor finalizes its
+        // runtime (in_handler); on this thread either.
         const bool never_blocks = tls_submit_never_blocks;
+        const void *inline_pool = tls_inline_pool;
         tls_submit_never_blocks = true;
+        tls_inline_pool = this;
         run_task(task);
         tls_submit_never_blocks = never_blocks;
+        tls_inline_pool = inline_pool;
       }
       --tls_help_depth;
       return true;

@@ -73,6 +73,9 @@ class CpuExecutor final : public Executor {
 
   // True on one of this pool's worker threads.
   bool on_worker_thread() const;
+  // True inside one of this pool's handlers: on a worker, or on an
+  // application thread whose wait runs a queued task (inline_wait).
+  bool in_handler() const;
 
  private:
   struct Slot;
