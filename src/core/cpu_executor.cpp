@@ -810,7 +810,11 @@ chi_status_t CpuExecutor::wait_done(uint32_t slot, uint32_t gen, int64_t timeout
     auto help = [&] {
       QueuedTask task;
       if (!p.helper) return false;
-      if (worker ? !pop_task(&task, own_only) : own_only || !pop_home(&task)) return false;
+      // An application thread looks only while no worker spins: a spinner
+      // takes the task within a cache-line transfer, and the waiter's pop
+      // attempts would pull the queue's head line away from it.  With every
+      // worker busy or asleep (a futex wake: tens of us) the waiter runs it.
+      if (worker ? !pop_task(&task, own_only) : own_only || spinning(1) > 0 || !pop_home(&task)) return false;
       ++tls_help_depth;
       if (worker) {
         run_task(task);
