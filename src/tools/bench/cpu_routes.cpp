@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <thread>
 #include <vector>
@@ -317,6 +318,40 @@ void cpu_latency(chi_runtime_t *rt, chi_route_t route, const char *name, const c
       return;
     }
     if (i >= opt.warmup) samples.push_back(t1 - t0);
+  }
+  chi_bench_row_samples(row, samples.data(), samples.size());
+}
+
+void cpu_latency_after_quiet(chi_runtime_t *rt, const char *name, int64_t quiet_ns,
+                             const chi_bench_options &opt, chi_bench_row *row) {
+  chi_bench_row_init(row, name, CHI_BENCH_LATENCY);
+  set_route(row, "CHI_ROUTE_CPU", opt);
+  row->floor[0] = '\0';  // a wake-up, not a line transfer: no floor of the run fits
+  const size_t size = opt.payload;
+  const uint64_t n = std::max<uint64_t>(20, std::min<uint64_t>(opt.iters / 250, 200));
+  std::vector<uint8_t> in(size ? size : 1), out(size ? size : 1);
+  std::vector<uint64_t> samples;
+  samples.reserve(n);
+  for (uint64_t i = 0; i < n; i++) {
+    timespec ts{time_t(quiet_ns / 1000000000), long(quiet_ns % 1000000000)};
+    nanosleep(&ts, nullptr);
+    make_payload(in.data(), size, 0, i);
+    chi_future_t f = 0;
+    size_t got = 0;
+    const uint64_t t0 = chi_tool_now_ns();
+    chi_status_t st = chi_submit(rt, CHI_ROUTE_CPU, CHI_METHOD_ECHO, in.data(), size, &f);
+    if (st == CHI_OK) st = chi_wait(rt, f, kWaitTimeoutNs, out.data(), out.size(), &got);
+    const uint64_t t1 = chi_tool_now_ns();
+    if (st != CHI_OK) {
+      chi_bench_row_fail(row, st, "%s: %s", chi_status_string(st), chi_last_error_message());
+      if (f && (st == CHI_ERR_TIMEOUT || st == CHI_ERR_TOO_LARGE)) chi_release(rt, f);
+      return;
+    }
+    if (got != size || std::memcmp(out.data(), in.data(), size) != 0) {
+      chi_bench_row_fail(row, CHI_ERR_INTERNAL, "chi.echo returned bytes that differ from its input");
+      return;
+    }
+    samples.push_back(t1 - t0);
   }
   chi_bench_row_samples(row, samples.data(), samples.size());
 }

@@ -15,6 +15,12 @@ inline constexpr double kCpuTargetThroughput = 20e6;
 void cpu_latency(chi_runtime_t *rt, chi_route_t route, const char *name, const char *route_name,
                  const chi_bench_options &opt, chi_bench_row *row);
 
+// One round trip at a time after `quiet_ns` of no work (the workers asleep
+// past spin_ns): a task's cost after an idle spell, a futex wake of a worker
+// or (inline_wait) none.  samples: min(opt.iters / 250, 200), at least 20.
+void cpu_latency_after_quiet(chi_runtime_t *rt, const char *name, int64_t quiet_ns,
+                             const chi_bench_options &opt, chi_bench_row *row);
+
 // `threads` submitters share opt.tput_tasks tasks; each keeps opt.window
 // futures outstanding (waits for the oldest, then submits the next).  The row
 // gets tasks/s over the timed part and, from one task in 16, the latency from

@@ -431,6 +431,8 @@ int main(int argc, char **argv) {
   chi_bench::cpu_latency(rt, CHI_ROUTE_LOCAL, "cpu->cpu local", "CHI_ROUTE_LOCAL", opt,
                          &rows.back());
   rows.emplace_back();
+  chi_bench::cpu_latency_after_quiet(rt, "cpu->cpu after 2ms", 2000000, opt, &rows.back());
+  rows.emplace_back();
   chi_bench::cpu_throughput(rt, CHI_ROUTE_CPU, "cpu->cpu pipelined x1", "CHI_ROUTE_CPU", 1, opt,
                             &rows.back());
   if (opt.threads > 1) {
