@@ -279,20 +279,19 @@ void throughput_row(chi_runtime_t *rt, chi_route_t route, const char *name, cons
   }
 }
 
-}  // namespace
-
-void cpu_latency(chi_runtime_t *rt, chi_route_t route, const char *name, const char *route_name,
-                 const chi_bench_options &opt, chi_bench_row *row) {
-  chi_bench_row_init(row, name, CHI_BENCH_LATENCY);
-  set_route(row, route_name, opt);
-  row->target_p50_ns = kCpuTargetP50Ns;
+// Round trips one at a time: `warmup` untimed, then `n` timed, each after
+// `quiet_ns` without work when it is > 0.  Fails the row on the first error.
+void round_trips(chi_runtime_t *rt, chi_route_t route, const chi_bench_options &opt, uint64_t warmup,
+                 uint64_t n, int64_t quiet_ns, chi_bench_row *row) {
   const size_t size = opt.payload;
-  std::vector<uint8_t> in(size ? size : 1), out(size ? size : 1), expect(size ? size : 1);
+  std::vector<uint8_t> in(size ? size : 1), out(size ? size : 1);
   std::vector<uint64_t> samples;
-  samples.reserve(opt.iters);
-  const uint64_t total = opt.warmup + opt.iters;
-
-  for (uint64_t i = 0; i < total; i++) {
+  samples.reserve(n);
+  for (uint64_t i = 0; i < warmup + n; i++) {
+    if (quiet_ns > 0) {
+      timespec ts{time_t(quiet_ns / 1000000000), long(quiet_ns % 1000000000)};
+      nanosleep(&ts, nullptr);
+    }
     make_payload(in.data(), size, 0, i);
     chi_future_t f = 0;
     size_t got = 0;
@@ -317,9 +316,19 @@ void cpu_latency(chi_runtime_t *rt, chi_route_t route, const char *name, const c
                          size);
       return;
     }
-    if (i >= opt.warmup) samples.push_back(t1 - t0);
+    if (i >= warmup) samples.push_back(t1 - t0);
   }
   chi_bench_row_samples(row, samples.data(), samples.size());
+}
+
+}  // namespace
+
+void cpu_latency(chi_runtime_t *rt, chi_route_t route, const char *name, const char *route_name,
+                 const chi_bench_options &opt, chi_bench_row *row) {
+  chi_bench_row_init(row, name, CHI_BENCH_LATENCY);
+  set_route(row, route_name, opt);
+  row->target_p50_ns = kCpuTargetP50Ns;
+  round_trips(rt, route, opt, opt.warmup, opt.iters, 0, row);
 }
 
 void cpu_latency_after_quiet(chi_runtime_t *rt, const char *name, int64_t quiet_ns,
@@ -327,33 +336,8 @@ void cpu_latency_after_quiet(chi_runtime_t *rt, const char *name, int64_t quiet_
   chi_bench_row_init(row, name, CHI_BENCH_LATENCY);
   set_route(row, "CHI_ROUTE_CPU", opt);
   row->floor[0] = '\0';  // a wake-up, not a line transfer: no floor of the run fits
-  const size_t size = opt.payload;
   const uint64_t n = std::max<uint64_t>(20, std::min<uint64_t>(opt.iters / 250, 200));
-  std::vector<uint8_t> in(size ? size : 1), out(size ? size : 1);
-  std::vector<uint64_t> samples;
-  samples.reserve(n);
-  for (uint64_t i = 0; i < n; i++) {
-    timespec ts{time_t(quiet_ns / 1000000000), long(quiet_ns % 1000000000)};
-    nanosleep(&ts, nullptr);
-    make_payload(in.data(), size, 0, i);
-    chi_future_t f = 0;
-    size_t got = 0;
-    const uint64_t t0 = chi_tool_now_ns();
-    chi_status_t st = chi_submit(rt, CHI_ROUTE_CPU, CHI_METHOD_ECHO, in.data(), size, &f);
-    if (st == CHI_OK) st = chi_wait(rt, f, kWaitTimeoutNs, out.data(), out.size(), &got);
-    const uint64_t t1 = chi_tool_now_ns();
-    if (st != CHI_OK) {
-      chi_bench_row_fail(row, st, "%s: %s", chi_status_string(st), chi_last_error_message());
-      if (f && (st == CHI_ERR_TIMEOUT || st == CHI_ERR_TOO_LARGE)) chi_release(rt, f);
-      return;
-    }
-    if (got != size || std::memcmp(out.data(), in.data(), size) != 0) {
-      chi_bench_row_fail(row, CHI_ERR_INTERNAL, "chi.echo returned bytes that differ from its input");
-      return;
-    }
-    samples.push_back(t1 - t0);
-  }
-  chi_bench_row_samples(row, samples.data(), samples.size());
+  round_trips(rt, CHI_ROUTE_CPU, opt, 0, n, quiet_ns, row);
 }
 
 void cpu_throughput(chi_runtime_t *rt, chi_route_t route, const char *name,
