@@ -497,15 +497,17 @@ int main(int argc, char **argv) {
 
   for (uint32_t payload : payloads) {
     /* ---- GPU->CPU and GPU->GPU, from a kernel */
-    for (int r = 0; r < 3; ++r) {
-      /* r 2: GPU->CPU with a system fence after the publish (cpu_publish's comment) */
-      const chi_route_t route = r == 1 ? CHI_ROUTE_LOCAL : CHI_ROUTE_CPU;
-      const char *name = r == 0 ? "gpu->cpu" : r == 1 ? "gpu->gpu" : "gpu->cpu fence";
+    for (int r = 0; r < 4; ++r) {
+      /* r 2: GPU->CPU with a system fence after the publish (cpu_publish's comment);
+       * r 3: GPU->GPU with chi.echo, a solo built-in as chimaera-bench's row (no handler stamps) */
+      const chi_route_t route = r == 1 || r == 3 ? CHI_ROUTE_LOCAL : CHI_ROUTE_CPU;
+      const char *name = r == 0 ? "gpu->cpu" : r == 1 ? "gpu->gpu" : r == 2 ? "gpu->cpu fence" : "gpu->gpu echo";
       const bool fence = r == 2;
-      k_device_route<<<1, 1, 0, stream>>>(ctx, route, m, payload, warm, buf, st, bad, fence);
+      const chi_method_t method = r == 3 ? CHI_METHOD_ECHO : m;
+      k_device_route<<<1, 1, 0, stream>>>(ctx, route, method, payload, warm, buf, st, bad, fence);
       BD_CHECK(cudaStreamSynchronize(stream));
       const Offset before = clock_offset(500); /* around the run: the clocks drift apart */
-      k_device_route<<<1, 1, 0, stream>>>(ctx, route, m, payload, n, buf, st, bad, fence);
+      k_device_route<<<1, 1, 0, stream>>>(ctx, route, method, payload, n, buf, st, bad, fence);
       BD_CHECK(cudaStreamSynchronize(stream));
       const Offset after = clock_offset(500);
       if (*bad) {
@@ -514,6 +516,23 @@ int main(int argc, char **argv) {
         break;
       }
       BD_CHECK(cudaMemcpy(t.data(), st, t.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+      if (r == 3) {
+        std::vector<double> prep, pub, reply, take, total;
+        for (uint32_t i = 0; i < n; ++i) {
+          const uint64_t *x = &t[uint64_t(i) * kStamps];
+          prep.push_back(double(x[kPrepared] - x[kT0]));
+          pub.push_back(double(x[kPublished] - x[kPrepared]));
+          reply.push_back(double(x[kSeen] - x[kPublished]));
+          take.push_back(double(x[kTaken] - x[kSeen]));
+          total.push_back(double(x[kTaken] - x[kT0]));
+        }
+        row(name, payload, "1 gate + slot, then its generation", prep);
+        row(name, payload, "2 LL request words, bell, gate leave", pub);
+        row(name, payload, "3-5 to the reply seen (solo echo)", reply);
+        row(name, payload, "6 chi_dev_wait: claim, output, slot freed", take);
+        row(name, payload, "= round trip", total);
+        continue;
+      }
       if (r != 1) {
         memcpy(hs.data(), g_host_stamps, hs.size() * sizeof(uint64_t));
         for (uint32_t i = 0; i < n; ++i) { /* to device time */
