@@ -11,7 +11,10 @@
  * steps of the real submit path (the chi_dev_detail functions that
  * chi_dev_submit calls, in the same order), and the handler ("bd.stamp",
  * one method with a CPU handler and a device handler, both echo) stamps its
- * start and end.  Host and device stamps meet through an offset measured
+ * start and end.  A second GPU->GPU row ("gpu->gpu echo") sends chi.echo,
+ * the solo built-in of chimaera-bench's gpu0->local row, which the
+ * orchestrator runs on one lane from registers: no handler stamps there, so
+ * stages 3-5 are one figure.  Host and device stamps meet through an offset measured
  * first: a host<->kernel ping-pong over mapped memory, the offset of the
  * round trip with the least time (its half-width is printed: the error of
  * every stage that crosses the bus).  The probes at the end time a 4 KiB
