@@ -425,6 +425,12 @@ CHI_DEVICE bool deal_tasks(uint32_t lane, uint32_t w, uint32_t *todo, uint32_t *
  * to the handler.  Loaded in the same round trip as the bell they are what
  * the round's own loads would be (the LL flags say what is there), so a
  * request not there yet waits for the next call, as without them. */
+/* CHI_DEV_ORCH_PROBE(what, slot, gen, pass_start_ns, preloaded), when a
+ * measurement defines it before including this header (gpu_breakdown): what
+ * 0 when a lane found a ready GPU->GPU request (the timer at the start of
+ * the pass that found it; preloaded: found in the hot slot's words loaded
+ * beside the bell), 1 once its reply words are stored, before the DONE
+ * mark.  Not defined: no code. */
 template <class D>
 CHI_DEVICE_NOINLINE uint32_t serve_bells(const chi_dev_orch_state_t *st, uint32_t first, uint32_t stride,
                                          uint32_t lane, uint8_t *in, uint32_t *left, uint32_t *hot = nullptr) {
@@ -432,6 +438,9 @@ CHI_DEVICE_NOINLINE uint32_t serve_bells(const chi_dev_orch_state_t *st, uint32_
   const uint32_t nwords = l->slots >> 5;
   uint32_t ran = 0, waiting = 0;
   for (uint32_t w0 = first; w0 < nwords; w0 += stride * CHI_WARP_SIZE) {
+#ifdef CHI_DEV_ORCH_PROBE
+    const uint64_t probe_pass = chi_port::timer_ns(); /* before this pass's loads */
+#endif
     const uint32_t w = w0 + lane * stride;
     /* The hot slot's words (w0 == first only: hot names a slot of that word). */
     const uint32_t pre = hot != nullptr && w0 == first && *hot != 0u && ((*hot - 1u) >> 5) == w ? *hot : 0u;
@@ -501,6 +510,9 @@ CHI_DEVICE_NOINLINE uint32_t serve_bells(const chi_dev_orch_state_t *st, uint32_
        * slot's plain output that the warp path makes (H200, 2026-11-27:
        * the lone echo's p50 0.26-0.28 us lower at 8 and 64 bytes). */
       const bool solo = ready && solo_builtin(ll_data(q0), ll_data(q1));
+#ifdef CHI_DEV_ORCH_PROBE
+      if (ready) CHI_DEV_ORCH_PROBE(0u, slot, gen, probe_pass, use_pre);
+#endif
       if (solo) run_solo_task(l, slot, gen, ll_data(q0), ll_data(q1), x, oleft);
       const chi_port::lanemask_t go = chi_port::ballot(ready && !solo);
       uint64_t held = 0; /* lane k: task k's {output size, status} when its reply words wait */
@@ -526,6 +538,9 @@ CHI_DEVICE_NOINLINE uint32_t serve_bells(const chi_dev_orch_state_t *st, uint32_
           chi_port::ll_store16_dev(d2d_words(l, slot) + CHI_DEV_D2D_REPLY_WORD,
                                    ll_pack(static_cast<uint32_t>(held), gen), ll_pack(static_cast<uint32_t>(held >> 32), gen));
       }
+#ifdef CHI_DEV_ORCH_PROBE
+      if (ready) CHI_DEV_ORCH_PROBE(1u, slot, gen, 0u, false);
+#endif
       if (ready) finish_local(l, slot, gen);
       if (hot != nullptr && ready && !dealt && w0 == first) *hot = slot + 1u;
       /* The word's owner marks its tasks seen. */

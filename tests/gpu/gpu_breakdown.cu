@@ -14,7 +14,11 @@
  * start and end.  A second GPU->GPU row ("gpu->gpu echo") sends chi.echo,
  * the solo built-in of chimaera-bench's gpu0->local row, which the
  * orchestrator runs on one lane from registers: no handler stamps there, so
- * stages 3-5 are one figure.  Host and device stamps meet through an offset measured
+ * stages 3-5 are one figure.  Both GPU->GPU rows also print the
+ * orchestrator worker's side ("w" stages), from a probe that this file
+ * compiles into its own orchestrator (CHI_DEV_ORCH_PROBE): when the pass that
+ * found the request began, how long that pass took, and when the reply
+ * words were stored.  Host and device stamps meet through an offset measured
  * first: a host<->kernel ping-pong over mapped memory, the offset of the
  * round trip with the least time (its half-width is printed: the error of
  * every stage that crosses the bus).  The probes at the end time a 4 KiB
@@ -23,6 +27,12 @@
  * waiter's poll of pinned memory that would also bring a 64-byte output as
  * LL words, with each kind of load (k_poll_probe).
  */
+/* The orchestrator's probe (chimaera/device_orchestrator.h, serve_bells):
+ * bd_orchestrator below is compiled here, with it; the library's built-in
+ * orchestrator is not.  Declared before the headers: the template calls it. */
+#include <stdint.h>
+__device__ void bd_probe(uint32_t what, uint32_t slot, uint32_t gen, uint64_t pass_ns, bool pre);
+#define CHI_DEV_ORCH_PROBE(what, slot, gen, pass_ns, pre) bd_probe(what, slot, gen, pass_ns, pre)
 #include "gpu_common.h"
 
 #include <time.h>
@@ -51,6 +61,23 @@ static inline uint64_t host_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+/* The worker's side of a GPU->GPU task, by generation (the breakdown's
+ * thread keeps one slot, so its generations follow each other): the start
+ * of the pass that found the request, when it was found, when its reply
+ * words were stored, and {slot, found in the hot slot's preloaded words}. */
+__device__ uint64_t *g_probe; /* [4 * kMaxSamples] */
+__device__ void bd_probe(uint32_t what, uint32_t slot, uint32_t gen, uint64_t pass_ns, bool pre) {
+  const uint64_t now = chi_port::timer_ns();
+  uint64_t *p = g_probe + 4u * (gen % kMaxSamples);
+  if (what == 0u) {
+    p[0] = pass_ns;
+    p[1] = now;
+    p[3] = (uint64_t(pre ? 1u : 0u) << 32) | slot;
+  } else {
+    p[2] = now;
+  }
 }
 
 /* bd.stamp, device: echo, all lanes copying; lane 0 stamps. */
@@ -154,8 +181,8 @@ static Offset clock_offset(uint32_t rounds) {
 
 /* ------------------------------------------------------------ device routes */
 
-/* Stamps per round trip (device clock, ns), kStages + 1 of them. */
-enum { kT0, kPrepared, kPublished, kSeen, kTaken, kStamps };
+/* Stamps per round trip (device clock, ns), and {slot, generation} of a GPU->GPU one. */
+enum { kT0, kPrepared, kPublished, kSeen, kTaken, kSlotGen, kStamps };
 
 /* One thread: n round trips of bd.stamp over `route` (CPU or LOCAL), through
  * the real submit path with stamps between its steps; then chi_dev_wait. */
@@ -184,6 +211,7 @@ __global__ void k_device_route(chi_dev_context_t ctx, chi_route_t route, chi_met
       uint32_t left = 0;
       s = local_prepare(l, &slot, &gen, &left, true);
       t[kPrepared] = chi_port::timer_ns();
+      t[kSlotGen] = (uint64_t(slot) << 32) | gen;
       if (s == CHI_OK) {
         local_publish(l, slot, gen, left, method, in, payload);
         gate_leave(l);
@@ -439,6 +467,38 @@ static void row(const char *route, uint32_t payload, const char *stage, const st
   printf("%-8s %6u  %-44s %9.3f %9.3f\n", route, payload, stage, median(ns) / 1e3, mean(ns) / 1e3);
 }
 
+/* The orchestrator worker's side of the GPU->GPU round trips just run (its
+ * probe, g_probe), beside the thread's stamps: a "w" stage is the worker's.
+ * Rows only for the round trips the probe saw whole (slot and generation
+ * match, found after the submit began). */
+static void worker_rows(const char *route, uint32_t payload, const std::vector<uint64_t> &t,
+                        const uint64_t *dev_probe, std::vector<uint64_t> &probe, uint32_t n) {
+  BD_CHECK(cudaMemcpy(probe.data(), dev_probe, probe.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+  std::vector<double> to_pass, pass, run, back;
+  uint32_t pre = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint64_t *x = &t[uint64_t(i) * kStamps];
+    const uint32_t slot = uint32_t(x[kSlotGen] >> 32), gen = uint32_t(x[kSlotGen]);
+    const uint64_t *p = &probe[4u * (gen % kMaxSamples)];
+    if (p[1] == 0 || p[2] == 0 || uint32_t(p[3]) != slot || p[1] < x[kT0]) continue;
+    to_pass.push_back(double(int64_t(p[0] - x[kPublished])));
+    pass.push_back(double(p[1] - p[0]));
+    run.push_back(double(p[2] - p[1]));
+    back.push_back(double(int64_t(x[kSeen] - p[2])));
+    pre += (p[3] >> 32) != 0;
+  }
+  if (to_pass.empty()) {
+    printf("%-8s %6u  (the orchestrator's probe saw none of these round trips)\n", route, payload);
+    return;
+  }
+  row(route, payload, "w1 gate leave -> start of the finding pass", to_pass);
+  row(route, payload, "w2 that pass: loads to request ready", pass);
+  row(route, payload, "w3 request ready -> reply words stored", run);
+  row(route, payload, "w4 reply stored -> the waiter's poll sees it", back);
+  printf("%-8s %6u  %-44s %9u of %zu\n", route, payload, "w  found in the hot slot's preloaded words", pre,
+         to_pass.size());
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   uint32_t n = argc > 1 ? uint32_t(strtoul(argv[1], NULL, 10)) : 20000u;
@@ -468,6 +528,10 @@ int main(int argc, char **argv) {
   uint64_t *dev_stamps = NULL;
   BD_CHECK(cudaMalloc((void **)&dev_stamps, 2u * kMaxSamples * sizeof(uint64_t)));
   BD_CHECK(cudaMemcpyToSymbol(g_dev_stamps, &dev_stamps, sizeof dev_stamps));
+  uint64_t *dev_probe = NULL;
+  BD_CHECK(cudaMalloc((void **)&dev_probe, 4u * kMaxSamples * sizeof(uint64_t)));
+  BD_CHECK(cudaMemcpyToSymbol(g_probe, &dev_probe, sizeof dev_probe));
+  std::vector<uint64_t> probe(4u * kMaxSamples);
   chi_gpu_orchestrator_t o = bd_orchestrator();
   chi_method_t m = 0;
   chi_dev_context_t ctx;
@@ -509,6 +573,7 @@ int main(int argc, char **argv) {
       const chi_method_t method = r == 3 ? CHI_METHOD_ECHO : m;
       k_device_route<<<1, 1, 0, stream>>>(ctx, route, method, payload, warm, buf, st, bad, fence);
       BD_CHECK(cudaStreamSynchronize(stream));
+      BD_CHECK(cudaMemset(dev_probe, 0, probe.size() * sizeof(uint64_t)));
       const Offset before = clock_offset(500); /* around the run: the clocks drift apart */
       k_device_route<<<1, 1, 0, stream>>>(ctx, route, method, payload, n, buf, st, bad, fence);
       BD_CHECK(cudaStreamSynchronize(stream));
@@ -519,6 +584,7 @@ int main(int argc, char **argv) {
         break;
       }
       BD_CHECK(cudaMemcpy(t.data(), st, t.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+      if (route == CHI_ROUTE_LOCAL) worker_rows(name, payload, t, dev_probe, probe, n);
       if (r == 3) {
         std::vector<double> prep, pub, reply, take, total;
         for (uint32_t i = 0; i < n; ++i) {
