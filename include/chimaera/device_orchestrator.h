@@ -424,12 +424,12 @@ CHI_DEVICE bool deal_tasks(uint32_t lane, uint32_t w, uint32_t *todo, uint32_t *
  * request is already in registers, one dependent trip fewer from the bell
  * to the handler.  Loaded in the same round trip as the bell they are what
  * the round's own loads would be (the LL flags say what is there), so a
- * request not there yet waits for the next call, as without them. */
-/* CHI_DEV_ORCH_PROBE(what, slot, gen, pass_start_ns, preloaded), when a
- * measurement defines it before including this header (gpu_breakdown): what
- * 0 when a lane found a ready GPU->GPU request (the timer at the start of
- * the pass that found it; preloaded: found in the hot slot's words loaded
- * beside the bell), 1 once its reply words are stored, before the DONE
+ * request not there yet waits for the next call, as without them.
+ * CHI_DEV_ORCH_PROBE(what, slot, gen, pass_start_ns, preloaded), when a
+ * measurement defines it before including this header (gpu_breakdown), is
+ * called with what 0 when a lane found a ready request (pass_start_ns: the
+ * timer at the start of the pass that found it; preloaded: found in the hot
+ * slot's words), and 1 once its reply words are stored, before the DONE
  * mark.  Not defined: no code. */
 template <class D>
 CHI_DEVICE_NOINLINE uint32_t serve_bells(const chi_dev_orch_state_t *st, uint32_t first, uint32_t stride,
