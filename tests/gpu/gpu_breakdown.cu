@@ -585,59 +585,57 @@ int main(int argc, char **argv) {
       }
       BD_CHECK(cudaMemcpy(t.data(), st, t.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
       if (route == CHI_ROUTE_LOCAL) worker_rows(name, payload, t, dev_probe, probe, n);
-      if (r == 3) {
-        std::vector<double> prep, pub, reply, take, total;
-        for (uint32_t i = 0; i < n; ++i) {
-          const uint64_t *x = &t[uint64_t(i) * kStamps];
-          prep.push_back(double(x[kPrepared] - x[kT0]));
-          pub.push_back(double(x[kPublished] - x[kPrepared]));
-          reply.push_back(double(x[kSeen] - x[kPublished]));
-          take.push_back(double(x[kTaken] - x[kSeen]));
-          total.push_back(double(x[kTaken] - x[kT0]));
-        }
-        row(name, payload, "1 gate + slot, then its generation", prep);
-        row(name, payload, "2 LL request words, bell, gate leave", pub);
-        row(name, payload, "3-5 to the reply seen (solo echo)", reply);
-        row(name, payload, "6 chi_dev_wait: claim, output, slot freed", take);
-        row(name, payload, "= round trip", total);
-        continue;
-      }
-      if (r != 1) {
-        memcpy(hs.data(), g_host_stamps, hs.size() * sizeof(uint64_t));
-        for (uint32_t i = 0; i < n; ++i) { /* to device time */
-          const int64_t o = offset_at(before, after, hs[2 * i]);
-          hs[2 * i] += o;
-          hs[2 * i + 1] += o;
-        }
-      } else {
-        BD_CHECK(cudaMemcpy(hs.data(), dev_stamps, hs.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
-      }
-      std::vector<double> prep, pub, to_h, hand, back, take, total;
+      /* The submitting thread's stages, every route. */
+      std::vector<double> prep, pub, take, total;
       for (uint32_t i = 0; i < n; ++i) {
         const uint64_t *x = &t[uint64_t(i) * kStamps];
         prep.push_back(double(x[kPrepared] - x[kT0]));
         pub.push_back(double(x[kPublished] - x[kPrepared]));
-        to_h.push_back(double(int64_t(hs[2 * i] - x[kPublished])));
-        hand.push_back(double(hs[2 * i + 1] - hs[2 * i]));
-        back.push_back(double(int64_t(x[kSeen] - hs[2 * i + 1])));
         take.push_back(double(x[kTaken] - x[kSeen]));
         total.push_back(double(x[kTaken] - x[kT0]));
       }
-      if (r != 1) {
-        row(name, payload, "1 slot + payload to host buffer (>112 B)", prep);
-        row(name, payload, r == 2 ? "2 ring entry write + system fence" : "2 ring entry write", pub);
-        row(name, payload, "3 to handler: bus, host poll, payload read", to_h);
-        row(name, payload, "4 CPU handler (echo)", hand);
-        row(name, payload, "5 reply write, bus, device header poll", back);
-        row(name, payload, "6 chi_dev_wait: output read + copy", take);
+      const bool local = route == CHI_ROUTE_LOCAL;
+      row(name, payload, local ? "1 gate + slot, then its generation" : "1 slot + payload to host buffer (>112 B)",
+          prep);
+      row(name, payload,
+          local ? "2 LL request words, bell, gate leave"
+                : r == 2 ? "2 ring entry write + system fence" : "2 ring entry write",
+          pub);
+      if (r == 3) { /* chi.echo: no handler stamps */
+        std::vector<double> reply;
+        for (uint32_t i = 0; i < n; ++i) {
+          const uint64_t *x = &t[uint64_t(i) * kStamps];
+          reply.push_back(double(x[kSeen] - x[kPublished]));
+        }
+        row(name, payload, "3-5 to the reply seen (solo echo)", reply);
       } else {
-        row(name, payload, "1 gate + slot, then its generation", prep);
-        row(name, payload, "2 LL request words, bell, gate leave", pub);
-        row(name, payload, "3 to handler: bell seen, request + input read", to_h);
-        row(name, payload, "4 device handler (echo, one warp)", hand);
-        row(name, payload, "5 reply words written, waiter's poll sees them", back);
-        row(name, payload, "6 chi_dev_wait: claim, output, slot freed", take);
+        if (!local) {
+          memcpy(hs.data(), g_host_stamps, hs.size() * sizeof(uint64_t));
+          for (uint32_t i = 0; i < n; ++i) { /* to device time */
+            const int64_t o = offset_at(before, after, hs[2 * i]);
+            hs[2 * i] += o;
+            hs[2 * i + 1] += o;
+          }
+        } else {
+          BD_CHECK(cudaMemcpy(hs.data(), dev_stamps, hs.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+        }
+        std::vector<double> to_h, hand, back;
+        for (uint32_t i = 0; i < n; ++i) {
+          const uint64_t *x = &t[uint64_t(i) * kStamps];
+          to_h.push_back(double(int64_t(hs[2 * i] - x[kPublished])));
+          hand.push_back(double(hs[2 * i + 1] - hs[2 * i]));
+          back.push_back(double(int64_t(x[kSeen] - hs[2 * i + 1])));
+        }
+        row(name, payload,
+            local ? "3 to handler: bell seen, request + input read" : "3 to handler: bus, host poll, payload read",
+            to_h);
+        row(name, payload, local ? "4 device handler (echo, one warp)" : "4 CPU handler (echo)", hand);
+        row(name, payload,
+            local ? "5 reply words written, waiter's poll sees them" : "5 reply write, bus, device header poll",
+            back);
       }
+      row(name, payload, local ? "6 chi_dev_wait: claim, output, slot freed" : "6 chi_dev_wait: output read + copy",
+          take);
       row(name, payload, "= round trip", total);
     }
     if (failed) break;
