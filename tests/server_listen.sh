@@ -7,12 +7,29 @@ server=$1 ctl=$2
 dir=$(mktemp -d /tmp/chi-listen-XXXXXX)
 chmod 700 "$dir"
 export CHI_RUNTIME_DIR=$dir CHI_GPU_DEVICES=0
-port=$(( 20000 + $$ % 20000 ))
-shm=shm://listen-$$ ipc=ipc://$dir/s.sock tcp=tcp://127.0.0.1:$port
-"$server" --workers 1 --listen "$shm" --listen "$ipc" --listen "$tcp" 2>"$dir/log" &
-pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
-for _ in $(seq 100); do "$ctl" --address "$shm" ping >/dev/null 2>&1 && break; sleep 0.1; done
+shm=shm://listen-$$ ipc=ipc://$dir/s.sock
+pid=
+trap '[ -n "$pid" ] && kill $pid 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"' EXIT
+# The tcp port comes from 32000-32699: above the ports test_server and
+# test_client_relay use, below Linux's ephemeral range (32768 up), where an
+# outgoing connection of another test may hold it. A port someone else holds
+# anyway is not this test's failure: the server says so and exits, and the
+# next port is tried.
+for attempt in 0 1 2 3 4 5 6 7; do
+  port=$(( 32000 + ($$ + attempt * 97) % 700 ))
+  tcp=tcp://127.0.0.1:$port
+  "$server" --workers 1 --listen "$shm" --listen "$ipc" --listen "$tcp" 2>"$dir/log" &
+  pid=$!
+  for _ in $(seq 100); do
+    "$ctl" --address "$shm" ping >/dev/null 2>&1 && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -0 $pid 2>/dev/null && break
+  wait $pid 2>/dev/null; pid=
+  grep -q "Address already in use" "$dir/log" || break
+done
+[ -n "$pid" ] || { echo "chimaera-server did not start:"; cat "$dir/log"; exit 1; }
 rc=0
 for a in "$shm" "$ipc" "$tcp"; do
   out=$("$ctl" --address "$a" status --json 2>&1) || { echo "status via $a: $out"; rc=1; continue; }
