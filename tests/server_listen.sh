@@ -20,7 +20,7 @@ for attempt in 0 1 2 3 4 5 6 7; do
   tcp=tcp://127.0.0.1:$port
   "$server" --workers 1 --listen "$shm" --listen "$ipc" --listen "$tcp" 2>"$dir/log" &
   pid=$!
-  for _ in $(seq 100); do
+  for _ in $(seq 300); do
     "$ctl" --address "$shm" ping >/dev/null 2>&1 && break
     kill -0 $pid 2>/dev/null || break
     sleep 0.1
