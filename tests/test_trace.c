@@ -1,16 +1,21 @@
 /* The round-trip trace of a -DCHI_TRACE=ON build (src/core/trace.h): each
  * chi_finalize writes the CPU->CPU round trips since the last report to
  * $CHI_TRACE_FILE, one table per submitting thread (here one), every stage
- * of them stamped.  Times are printed, never checked. */
+ * of them stamped, then a table of each side's steps.  Times are printed,
+ * never checked. */
 #include "common.h"
 
-enum { kStageLines = 7 };
-static const char *const kStages[kStageLines] = {"queued",      "popped",    "handler-start", "handler-end",
-                                                 "published",   "seen",      "returned"};
+enum { kStageLines = 8, kStepLines = 6 };
+static const char *const kStages[kStageLines] = {"queued",    "popped", "handler-start", "handler-end",
+                                                 "published", "wait",   "seen",          "returned"};
+static const char *const kSteps[kStepLines] = {"submit",         "worker.gap",  "worker.run",
+                                               "worker.handler", "waiter.wait", "waiter.take"};
 
 typedef struct trace_report {
   long trips;                /* -1: no header line */
   long count[kStageLines];   /* -1: no line for the stage */
+  long steps;                /* -1: no header line of the steps table */
+  long step[kStepLines];     /* -1: no line for the step */
 } trace_report_t;
 
 /* n one-at-a-time chi.echo round trips on a fresh runtime, then its
@@ -38,8 +43,9 @@ static trace_report_t traced_run(int n) {
   assert_status(CHI_OK, chi_finalize(rt));
   unsetenv("CHI_TRACE_FILE");
 
-  trace_report_t r = {.trips = -1};
+  trace_report_t r = {.trips = -1, .steps = -1};
   for (int s = 0; s < kStageLines; s++) r.count[s] = -1;
+  for (int s = 0; s < kStepLines; s++) r.step[s] = -1;
   FILE *f = fopen(path, "r");
   assert_non_null(f);
   char line[512];
@@ -51,9 +57,18 @@ static trace_report_t traced_run(int n) {
     if (sscanf(line, "# chimaera trace: thread %*u: %ld CPU->CPU round trips", &trips) == 1) {
       assert_int_equal(r.trips, -1);
       r.trips = trips;
+    } else if (strncmp(line, "# chimaera trace: each side's steps", 35) == 0) {
+      assert_int_equal(r.steps, -1);
+      r.steps = 0;
     } else if (line[0] != '#' && sscanf(line, "%31s %lf %lf %lf %ld", stage, &p10, &p50, &p90, &count) == 5) {
-      for (int s = 0; s < kStageLines; s++)
-        if (strcmp(stage, kStages[s]) == 0) r.count[s] = count;
+      /* The steps table comes last: a line after its header is a step's. */
+      if (r.steps < 0) {
+        for (int s = 0; s < kStageLines; s++)
+          if (strcmp(stage, kStages[s]) == 0) r.count[s] = count;
+      } else {
+        for (int s = 0; s < kStepLines; s++)
+          if (strcmp(stage, kSteps[s]) == 0) r.step[s] = count;
+      }
     }
   }
   fclose(f);
@@ -73,6 +88,17 @@ static void test_every_stage_stamped(void **state) {
   /* The waiter's own stages, on the submitter's thread, are in every trip. */
   assert_int_equal(r.count[5], n);
   assert_int_equal(r.count[6], n);
+  assert_int_equal(r.count[7], n);
+  /* Each side's steps: the submitter's and the waiter's of every task, the
+   * worker's of those it kept (its gap needs a task before). */
+  assert_int_equal(r.steps, 0);
+  for (int s = 0; s < kStepLines; s++) {
+    if (r.step[s] <= 0) fail_msg("step %s: %ld", kSteps[s], r.step[s]);
+    assert_true(r.step[s] <= n);
+  }
+  assert_int_equal(r.step[0], n);
+  assert_int_equal(r.step[4], n);
+  assert_int_equal(r.step[5], n);
 }
 
 /* A second runtime's report holds its own round trips only. */
@@ -81,6 +107,8 @@ static void test_report_since_the_last(void **state) {
   (void)traced_run(50);
   trace_report_t r = traced_run(30);
   assert_int_equal(r.trips, 30);
+  assert_int_equal(r.step[0], 30);
+  assert_int_equal(r.step[5], 30);
 }
 
 int main(void) {

@@ -873,14 +873,17 @@ chi_status_t CpuExecutor::take(uint32_t slot, uint32_t gen, int64_t timeout_ns, 
 
 chi_status_t CpuExecutor::wait(uint32_t slot, uint32_t gen, int64_t timeout_ns, void *output,
                                size_t output_capacity, size_t *output_size) {
+  trace::note(trace::kWait);
   chi_status_t status;
   if (chi_status_t s = take(slot, gen, timeout_ns, 0, output, output_capacity, output_size, &status);
-      s != CHI_OK)
+      s != CHI_OK) {
+    trace::keep(trace::kWait, trace::kReturned, slot, gen);  // no stamp left for the next wait
     return s;
+  }
   const chi_method_t method = slot_at(slot)->method;
   free_slot(slot);
   trace::note(trace::kReturned);
-  trace::keep(trace::kSeen, trace::kReturned, slot, gen);
+  trace::keep(trace::kWait, trace::kReturned, slot, gen);
   if (status != CHI_OK) set_error(status, "handler of method %u returned %d", method, status);
   return status;
 }

@@ -14,9 +14,9 @@
 
 namespace chi::trace {
 
-// In the order of a round trip; a thread notes the stages of one side and
-// keeps them together: the submitter [kSubmit, kQueued], the worker
-// [kPopped, kPublished], the waiter [kSeen, kReturned].
+// In the order of a round trip, by side; a thread notes the stages of one
+// side and keeps them together: the submitter [kSubmit, kQueued], the worker
+// [kPopped, kPublished], the waiter [kWait, kReturned].
 enum Stage : uint32_t {
   kSubmit,        // chi_submit entered
   kQueued,        // the task is in a run queue, a worker told
@@ -24,6 +24,7 @@ enum Stage : uint32_t {
   kHandlerStart,  // its handler starts ...
   kHandlerEnd,    // ... and returns
   kPublished,     // its done word is written
+  kWait,          // chi_wait entered (in a lone round trip: just after kQueued)
   kSeen,          // the waiter sees it done
   kReturned,      // chi_wait returns
   kStages
@@ -36,9 +37,12 @@ void note(Stage s);
 // clears them.  A thread keeps at most a fixed number of stages; then none.
 void keep(Stage first, Stage last, uint32_t slot, uint32_t gen);
 // Joins what every thread kept so far by task and prints the stages of each
-// whole round trip (one with kSubmit and kReturned), to $CHI_TRACE_FILE
-// (appended) or stderr.  Called when a runtime's workers have stopped;
-// threads still stamping for another runtime then may be read mid-write.
+// whole round trip (one with kSubmit and kReturned), then each side's own
+// steps, which need no whole round trip: a throughput run's cost per task,
+// by side (the submit, a worker's pop gap and run, the wait and the take),
+// to $CHI_TRACE_FILE (appended) or stderr.  Called when a runtime's workers
+// have stopped; threads still stamping for another runtime then may be
+// read mid-write.
 void report();
 #else
 inline void note(Stage) {}

@@ -49,6 +49,9 @@ void usage(std::FILE *out) {
       "  --workers N     CPU worker threads (default: from config, else one per CPU)\n"
       "  --config PATH   chimaera.yaml to use (default: $CHI_CONFIG, else built-ins)\n"
       "  --pin           pin the benchmark's own threads to CPUs (workers are not)\n"
+      "  --rows LIST     only these embedded rows, any of lone (the three latency\n"
+      "                  rows), x1, xN (pipelined), batched, gpu (default: all);\n"
+      "                  the floors always run\n"
       "  --json          one JSON object on stdout instead of the table\n"
       "  --json-file P   the table on stdout, and the JSON object written to file P\n"
       "\n"
@@ -101,29 +104,33 @@ bool count_arg(const char *opt, const char *text, uint64_t min, uint64_t max, ui
   return false;
 }
 
-bool count_list(const char *text, std::vector<uint32_t> *out) {
-  out->clear();
+// Calls item(text) for each comma-separated item of a list option; false as
+// soon as one call is.
+template <class Item>
+bool each_item(const char *text, Item item) {
   std::string s(text);
   size_t at = 0;
-  while (at <= s.size()) {
+  for (;;) {
     size_t comma = s.find(',', at);
-    std::string item = s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    if (!item(s.substr(at, comma == std::string::npos ? std::string::npos : comma - at))) return false;
+    if (comma == std::string::npos) return true;
+    at = comma + 1;
+  }
+}
+
+bool count_list(const char *text, std::vector<uint32_t> *out) {
+  out->clear();
+  return each_item(text, [&](const std::string &item) {
     uint64_t v = 0;
     if (!count_arg("--clients", item.c_str(), 1, 65536, &v)) return false;
     out->push_back(uint32_t(v));
-    if (comma == std::string::npos) break;
-    at = comma + 1;
-  }
-  return !out->empty();
+    return true;
+  }) && !out->empty();
 }
 
 bool transport_list(const char *text, std::vector<int> *out) {
   out->clear();
-  std::string s(text);
-  size_t at = 0;
-  while (at <= s.size()) {
-    size_t comma = s.find(',', at);
-    std::string item = s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+  return each_item(text, [&](const std::string &item) {
     int t = chi_bench::parse_transport(item);
     if (t < 0) {
       std::fprintf(stderr, "chimaera-bench: --transports: '%s' is not shm, ipc, tcp or tcp-curve\n",
@@ -131,10 +138,35 @@ bool transport_list(const char *text, std::vector<int> *out) {
       return false;
     }
     if (std::find(out->begin(), out->end(), t) == out->end()) out->push_back(t);
-    if (comma == std::string::npos) break;
-    at = comma + 1;
-  }
-  return !out->empty();
+    return true;
+  }) && !out->empty();
+}
+
+// The embedded rows that --rows selects, by group.
+enum RowGroup : unsigned {
+  kLone = 1,      // cpu->cpu, cpu->cpu local, cpu->cpu after 2ms
+  kX1 = 2,        // cpu->cpu pipelined x1
+  kXN = 4,        // cpu->cpu pipelined x<threads>
+  kBatched = 8,   // cpu->cpu batched x<threads>
+  kGpuRows = 16,  // every GPU row
+  kAllRows = 31,
+};
+
+bool row_list(const char *text, unsigned *out) {
+  static const struct {
+    const char *name;
+    unsigned group;
+  } kGroups[] = {{"lone", kLone}, {"x1", kX1}, {"xN", kXN}, {"batched", kBatched}, {"gpu", kGpuRows}};
+  *out = 0;
+  return each_item(text, [&](const std::string &item) {
+    for (const auto &g : kGroups)
+      if (item == g.name) {
+        *out |= g.group;
+        return true;
+      }
+    std::fprintf(stderr, "chimaera-bench: --rows: '%s' is not lone, x1, xN, batched or gpu\n", item.c_str());
+    return false;
+  });
 }
 
 // Writes the JSON object to `path` (--json-file); false, with a message, on error.
@@ -240,7 +272,7 @@ int main(int argc, char **argv) {
 
   enum { kIters = 256, kWarmup, kTput, kThreads, kWindow, kPayload, kWorkers, kConfig, kPin,
          kJson, kJsonFile, kHelp, kServer, kServerBin, kProcs, kClients, kFairness, kFloodWindow, kClientMs,
-         kIdleMs, kWakeSamples, kTransportsOpt, kGpuLanes, kClientMps };
+         kIdleMs, kWakeSamples, kTransportsOpt, kGpuLanes, kClientMps, kRows };
   static const option longopts[] = {
       {"iters", required_argument, nullptr, kIters},
       {"warmup", required_argument, nullptr, kWarmup},
@@ -266,6 +298,7 @@ int main(int argc, char **argv) {
       {"transports", required_argument, nullptr, kTransportsOpt},
       {"gpu-lanes", required_argument, nullptr, kGpuLanes},
       {"client-mps", no_argument, nullptr, kClientMps},
+      {"rows", required_argument, nullptr, kRows},
       {nullptr, 0, nullptr, 0}};
 
   chi_bench_options opt{};
@@ -273,7 +306,8 @@ int main(int argc, char **argv) {
   opt.window = 64;
   opt.payload = 64;
   opt.threads = chi_tool_online_cpus();
-  bool warmup_set = false, tput_set = false, json = false;
+  bool warmup_set = false, tput_set = false, json = false, rows_set = false;
+  unsigned groups = kAllRows;
   const char *json_file = nullptr;
   chi_bench::ServerOptions so;
   chi_config_t cfg;
@@ -307,6 +341,10 @@ int main(int argc, char **argv) {
         break;
       case kClientMps:
         so.client_mps = true;
+        break;
+      case kRows:
+        if (!row_list(optarg, &groups)) return 2;
+        rows_set = true;
         break;
       case kGpuLanes:
         if (!count_arg("--gpu-lanes", optarg, 1, 32, &v)) return 2;
@@ -388,6 +426,10 @@ int main(int argc, char **argv) {
     std::fprintf(stderr, "chimaera-bench: --clients, --fairness and --server-bin need --server\n");
     return 2;
   }
+  if (rows_set && !so.server.empty()) {
+    std::fprintf(stderr, "chimaera-bench: --rows selects embedded rows, not those of --server\n");
+    return 2;
+  }
   if (!so.transports.empty() && so.server != "start") {
     std::fprintf(stderr, "chimaera-bench: --transports needs --server start (an address names one)\n");
     return 2;
@@ -425,31 +467,35 @@ int main(int argc, char **argv) {
   int32_t gpus = 0;
   if (chi_gpu_count(rt, &gpus) != CHI_OK) gpus = 0;
 
-  rows.emplace_back();
-  chi_bench::cpu_latency(rt, CHI_ROUTE_CPU, "cpu->cpu", "CHI_ROUTE_CPU", opt, &rows.back());
-  rows.emplace_back();
-  chi_bench::cpu_latency(rt, CHI_ROUTE_LOCAL, "cpu->cpu local", "CHI_ROUTE_LOCAL", opt,
-                         &rows.back());
-  rows.emplace_back();
-  chi_bench::cpu_latency_after_quiet(rt, "cpu->cpu after 2ms", 2000000, opt, &rows.back());
-  rows.emplace_back();
-  chi_bench::cpu_throughput(rt, CHI_ROUTE_CPU, "cpu->cpu pipelined x1", "CHI_ROUTE_CPU", 1, opt,
-                            &rows.back());
-  if (opt.threads > 1) {
+  if (groups & kLone) {
+    rows.emplace_back();
+    chi_bench::cpu_latency(rt, CHI_ROUTE_CPU, "cpu->cpu", "CHI_ROUTE_CPU", opt, &rows.back());
+    rows.emplace_back();
+    chi_bench::cpu_latency(rt, CHI_ROUTE_LOCAL, "cpu->cpu local", "CHI_ROUTE_LOCAL", opt,
+                           &rows.back());
+    rows.emplace_back();
+    chi_bench::cpu_latency_after_quiet(rt, "cpu->cpu after 2ms", 2000000, opt, &rows.back());
+  }
+  if (groups & kX1) {
+    rows.emplace_back();
+    chi_bench::cpu_throughput(rt, CHI_ROUTE_CPU, "cpu->cpu pipelined x1", "CHI_ROUTE_CPU", 1, opt,
+                              &rows.back());
+  }
+  if ((groups & kXN) && opt.threads > 1) {
     char name[48];
     std::snprintf(name, sizeof name, "cpu->cpu pipelined x%u", opt.threads);
     rows.emplace_back();
     chi_bench::cpu_throughput(rt, CHI_ROUTE_CPU, name, "CHI_ROUTE_CPU", opt.threads, opt,
                               &rows.back());
   }
-  {
+  if (groups & kBatched) {
     char name[48];
     std::snprintf(name, sizeof name, "cpu->cpu batched x%u", opt.threads);
     rows.emplace_back();
     chi_bench::cpu_batched(rt, CHI_ROUTE_CPU, name, "CHI_ROUTE_CPU", opt.threads, opt, &rows.back());
   }
 
-  if (gpus > 0) {
+  if (gpus > 0 && (groups & kGpuRows)) {
     size_t base = rows.size();
     rows.resize(base + kMaxGpuRows);
     int n = chi_bench_gpu_rows(rt, &opt, &rows[base], kMaxGpuRows);
