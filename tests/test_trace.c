@@ -76,15 +76,20 @@ static trace_report_t traced_run(int n) {
   return r;
 }
 
+/* Every line of a table is there, with 1..n entries. */
+static void counts_within(const char *what, const char *const *names, const long *count, int lines, long n) {
+  for (int s = 0; s < lines; s++) {
+    if (count[s] <= 0) fail_msg("%s %s: %ld", what, names[s], count[s]);
+    assert_true(count[s] <= n);
+  }
+}
+
 static void test_every_stage_stamped(void **state) {
   (void)state;
   const int n = 200;
   trace_report_t r = traced_run(n);
   assert_int_equal(r.trips, n);
-  for (int s = 0; s < kStageLines; s++) {
-    if (r.count[s] <= 0) fail_msg("stage %s: %ld stamps", kStages[s], r.count[s]);
-    assert_true(r.count[s] <= n);
-  }
+  counts_within("stage", kStages, r.count, kStageLines, n);
   /* The waiter's own stages, on the submitter's thread, are in every trip. */
   assert_int_equal(r.count[5], n);
   assert_int_equal(r.count[6], n);
@@ -92,10 +97,7 @@ static void test_every_stage_stamped(void **state) {
   /* Each side's steps: the submitter's and the waiter's of every task, the
    * worker's of those it kept (its gap needs a task before). */
   assert_int_equal(r.steps, 0);
-  for (int s = 0; s < kStepLines; s++) {
-    if (r.step[s] <= 0) fail_msg("step %s: %ld", kSteps[s], r.step[s]);
-    assert_true(r.step[s] <= n);
-  }
+  counts_within("step", kSteps, r.step, kStepLines, n);
   assert_int_equal(r.step[0], n);
   assert_int_equal(r.step[4], n);
   assert_int_equal(r.step[5], n);
