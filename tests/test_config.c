@@ -249,6 +249,7 @@ static void env_errors(void **state) {
   expect_env_error("CHI_SPIN_NS", "1e3", "expected an integer");
   expect_env_error("CHI_SUBMIT_BLOCKING", "maybe", "expected a boolean");
   expect_env_error("CHI_SUBMIT_TIMEOUT_MS", "3600001", "expected an integer in [0, 3600000]");
+  expect_env_error("CHI_CONNECT_TIMEOUT_MS", "0", "expected an integer in [1, 3600000]");
   expect_env_error("CHI_LOG_LEVEL", "loud", "expected one of error, warn, info, debug");
   expect_env_error("CHI_MODE", "remote", "expected one of embedded, client");
   expect_env_error("CHI_SERVER_ADDRESS", "tcp://host", "expected an address");

@@ -25,8 +25,8 @@ class ClientGpu;
 // Pool number of a client future (the local pool's futures carry its own tag).
 constexpr uint32_t kClientPool = 0xFE;
 
-// Bounds both transports use: connecting (hello to welcome), one control request.
-constexpr int kConnectTimeoutMs = 5000;
+// The bound both transports use for one control request (connecting has
+// its own, the config's connect_timeout_ms).
 constexpr int kControlTimeoutMs = 10000;
 
 class Client : public Upstream {

@@ -69,12 +69,13 @@ chi_status_t ShmClient::handshake(const std::string &address, uint32_t kind) {
   ipc::MsgHeader h;
   char buf[1024];
   int fds[2];
-  chi_status_t rs = ipc::recv_msg(sock_, &h, buf, sizeof buf, kConnectTimeoutMs, fds);
+  const int limit_ms = int(cfg_.connect_timeout_ms);
+  chi_status_t rs = ipc::recv_msg(sock_, &h, buf, sizeof buf, limit_ms, fds);
   memfd_ = fds[0];
   doorbell_ = fds[1];
   if (rs == CHI_ERR_TIMEOUT)
-    return set_error(CHI_ERR_DISCONNECTED, "%s did not answer the handshake within %d ms", address_.c_str(),
-                     kConnectTimeoutMs);
+    return set_error(CHI_ERR_DISCONNECTED, "%s did not answer the handshake within %d ms (connect_timeout_ms)",
+                     address_.c_str(), limit_ms);
   if (rs != CHI_OK)
     return set_error(rs == CHI_ERR_PROTOCOL ? CHI_ERR_PROTOCOL : CHI_ERR_DISCONNECTED,
                      "handshake with %s failed: %s", address_.c_str(), chi_status_string(rs));

@@ -182,7 +182,7 @@ chi_status_t ZmqClient::open(bool control) {
   }
   wake_io();
   std::unique_lock<std::mutex> lock(reply_mu_);
-  reply_cv_.wait_for(lock, std::chrono::milliseconds(kConnectTimeoutMs),
+  reply_cv_.wait_for(lock, std::chrono::milliseconds(cfg_.connect_timeout_ms),
                      [&] { return ctl_.done || gone_.load(std::memory_order_acquire); });
   if (!ctl_.done) {
     if (gone_.load(std::memory_order_acquire))
@@ -190,8 +190,8 @@ chi_status_t ZmqClient::open(bool control) {
                            ? CHI_ERR_PERMISSION
                            : CHI_ERR_DISCONNECTED,
                        "cannot connect to %s: %s", a.c_str(), gone_why_.c_str());
-    return set_error(CHI_ERR_DISCONNECTED, "no chimaera-server answered at %s within %d ms", a.c_str(),
-                     kConnectTimeoutMs);
+    return set_error(CHI_ERR_DISCONNECTED, "no chimaera-server answered at %s within %u ms (connect_timeout_ms)",
+                     a.c_str(), cfg_.connect_timeout_ms);
   }
   ipc::Welcome w{};
   const uint32_t kind = control ? ipc::kSessionControl : ipc::kSessionTasks;

@@ -199,6 +199,8 @@ const Setting kSettings[] = {
      [](Config &c, const Value &v) { c.server_address = v.s; }},
     {"disconnect_check_ms", "CHI_DISCONNECT_CHECK_MS", Kind::kInt, 1, 60000, false,
      [](Config &c, const Value &v) { c.disconnect_check_ms = static_cast<uint32_t>(v.i); }},
+    {"connect_timeout_ms", "CHI_CONNECT_TIMEOUT_MS", Kind::kInt, 1, 3600000, false,
+     [](Config &c, const Value &v) { c.connect_timeout_ms = static_cast<uint32_t>(v.i); }},
     {"curve_server_key", "CHI_CURVE_SERVER_KEY", Kind::kString, 0, 0, false,
      [](Config &c, const Value &v) { c.curve_server_key = v.s; }},
     {"curve_key_file", "CHI_CURVE_KEY_FILE", Kind::kString, 0, 0, false,

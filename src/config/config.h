@@ -69,6 +69,7 @@ struct Config {
   LogLevel log_level = LogLevel::kWarn;
   std::vector<std::string> modules;    // shared objects loaded at start-up
   uint32_t disconnect_check_ms = 100;  // client: a waiter rechecks the server this often, 1..60000
+  uint32_t connect_timeout_ms = 5000;  // client: chi_init's bound for the server's welcome, 1..3600000
   std::string curve_server_key;        // client, tcp:// CURVE: the server's public key (z85)
   std::string curve_key_file;          // client, tcp:// CURVE: this client's secret key (z85), mode 0600
   GpuConfig gpu;

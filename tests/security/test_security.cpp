@@ -946,6 +946,47 @@ uid_t g_other_uid = 0;
 
 bool become(uid_t uid) { return setgroups(0, nullptr) == 0 && setgid(uid) == 0 && setuid(uid) == 0; }
 
+// A peer at the address that takes the connection and never answers the
+// hello: chi_init gives up after connect_timeout_ms with CHI_ERR_DISCONNECTED
+// and a message naming the setting, on shm:// (a socket nobody accepts on)
+// and ipc:// (a ZeroMQ socket nobody reads).
+void test_connect_timeout(void **) {
+  const std::string name = "mute-" + std::to_string(getpid());
+  const std::string path = g_dir + "/" + name + ".sock";
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  assert_true(fd >= 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
+  assert_int_equal(bind(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr), 0);
+  assert_int_equal(listen(fd, 8), 0);
+  void *ctx = zmq_ctx_new();
+  void *router = zmq_socket(ctx, ZMQ_ROUTER);
+  const int linger = 0;
+  zmq_setsockopt(router, ZMQ_LINGER, &linger, sizeof linger);
+  const std::string ipc = "ipc://" + g_dir + "/" + name + ".ipc";
+  assert_int_equal(zmq_bind(router, ipc.c_str()), 0);
+  for (const std::string &address : {"shm://" + name, ipc}) {
+    const std::string yaml = "mode: client\nserver_address: " + address + "\nconnect_timeout_ms: 200\n";
+    char file[512];
+    chi_test_write_yaml(yaml.c_str(), file, sizeof file);
+    chi_config_t cfg;
+    chi_config_init(&cfg);
+    cfg.config_path = file;
+    chi_runtime_t *c = nullptr;
+    const chi_status_t st = chi_init(&cfg, &c);
+    unlink(file);
+    print_message("%s: %s: %s\n", address.c_str(), chi_status_string(st), chi_last_error_message());
+    assert_status(CHI_ERR_DISCONNECTED, st);
+    assert_null(c);
+    assert_non_null(strstr(chi_last_error_message(), "within 200 ms (connect_timeout_ms)"));
+  }
+  zmq_close(router);
+  zmq_ctx_term(ctx);
+  close(fd);
+  unlink(path.c_str());
+}
+
 // C3: another user's fake server on an ipc:// path the victim uses is refused
 // by the client, with a message naming the uid.
 void test_squatted_ipc(void **) {
@@ -1090,6 +1131,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_source_address_form),
       cmocka_unit_test(test_query_reply_size),
       cmocka_unit_test(test_status_bound),
+      cmocka_unit_test(test_connect_timeout),
       cmocka_unit_test(test_keygen_symlink),
       cmocka_unit_test(test_doorbell_made_blocking),
       cmocka_unit_test(test_connection_cap_shm),
