@@ -2729,9 +2729,11 @@ void test_curve(void **) {
   std::string loose = write_file("loose.key", std::string(asec) + "\n", 0644);
   std::string yaml = "server:\n  curve_key_file: " + skey + "\n  curve_allowed_keys_file: " + allowed + "\n";
   ServerFixture f = start_server(yaml.c_str());
+  // A minute for the welcome: a loaded sanitizer run can take the default
+  // 5 s over a CURVE handshake (refusals come as events, not timeouts).
   auto client_yaml = [&](const std::string &key_file, const char *server_key) {
     return "mode: client\nserver_address: " + f.address + "\ncurve_server_key: \"" + server_key +
-           "\"\ncurve_key_file: " + key_file + "\n";
+           "\"\ncurve_key_file: " + key_file + "\nconnect_timeout_ms: 60000\n";
   };
   chi_runtime_t *c;
   assert_status(CHI_OK, connect_yaml(client_yaml(akey, spub), &c));
