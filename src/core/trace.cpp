@@ -146,15 +146,12 @@ void report() {
     }
     r.reported = n;
   }
-  // One table per submitting thread: a program's threads often measure
-  // different things (chimaera-bench's lone round trips on its main thread,
-  // its throughput rows on others).
   // Each side's steps, from every thread's records in the order it kept
   // them: a keep() writes one task's stamps together, in stage order.
   std::array<std::vector<double>, std::size(kSteps)> steps;
   for (size_t k = 0; k < g.all.size(); ++k) {
-    Ring &r = *g.all[k];
-    const uint32_t n = r.n.load(std::memory_order_acquire);
+    const Ring &r = *g.all[k];
+    const uint32_t n = r.reported;  // as far as the join above read
     uint64_t at[kStages] = {};
     uint64_t last_published = 0;  // the previous task's, on this thread
     auto close = [&] {
@@ -179,6 +176,9 @@ void report() {
     if (prev_stage != kStages) close();
   }
 
+  // One table per submitting thread: a program's threads often measure
+  // different things (chimaera-bench's lone round trips on its main thread,
+  // its throughput rows on others).
   std::vector<std::array<std::vector<double>, kStages>> after(g.all.size());
   std::vector<size_t> trips(g.all.size());
   for (const auto &[key, t] : tasks) {
