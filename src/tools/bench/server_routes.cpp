@@ -500,8 +500,10 @@ void child_rows(const chi_bench_options &opt, const std::string &address, const 
       chi_bench_row_init(&r, i ? "client gpu0->local" : "client gpu0->cpu", CHI_BENCH_LATENCY);
       chi_bench_row_fail(&r, CHI_ERR_INTERNAL, "the client process exited with %d", rc);
     }
+    // "client gpu0->local (server MPS)" is the longest: it fits a row name.
     char name[sizeof r.name];
-    std::snprintf(name, sizeof name, "%s (%s)", r.name, tag);
+    if (std::snprintf(name, sizeof name, "%s (%s)", r.name, tag) >= int(sizeof name))
+      std::fprintf(stderr, "chimaera-bench: row name '%s (%s)' cut to '%s'\n", r.name, tag, name);
     std::memcpy(r.name, name, sizeof r.name);
     r.processes = 1;
     std::snprintf(r.transport, sizeof r.transport, "shm");
