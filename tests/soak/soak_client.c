@@ -193,7 +193,7 @@ static int connect_server(int64_t deadline_ms, int64_t bound_ms) {
     }
     if (attempt == 1 || attempt % 50 == 0)
       log_line("E connect-failed %" PRId64 " status %d %s\n", t, (int)s, chi_last_error_message());
-    if (g_stop || t >= deadline_ms) return 0;
+    if (past(deadline_ms)) return 0;
     if (t - start >= bound_ms) {
       log_line("E reconnect-bound %" PRId64 " attempts %u\n", t, attempt);
       return -1;
